@@ -1,0 +1,518 @@
+"""Study configs: YAML → validated frozen dataclasses, `key=value` overrides, sweep expansion.
+
+A study config has the sections `data`, `model`, `train` (what a run is), `measure` and `report` (what is
+done with the trained runs), plus `name`, `seed` and `out`. Any field of `seed`, `data`, `model` and
+`train` may be given as a list: the study is the cartesian product of all such lists, one run each.
+A field whose value is itself a list (`model.widths`) is swept with a list of lists.
+`data.random_label_ratio` also accepts `{uniform: N}`: N ratios drawn uniformly in [0, 1] from the study's
+(first) seed, as Tsuzuku et al. draw one ratio per model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flatbench.errors import ConfigError
+from flatbench.seeding import make_generator
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "mnist_mini"
+    """mnist_mini | mnist | fashion_mnist | cifar10."""
+    root: str | None = None
+    """Folder holding the dataset files; default $FLATBENCH_DATA, else ~/.cache/flatbench."""
+    download: bool = True
+    """Download with torchvision when the files are missing and the network allows."""
+    n_train: int | None = None
+    """Seeded class-balanced subset of the training set (default: all of it)."""
+    n_test: int | None = None
+    """Seeded class-balanced subset of the test set (default: all of it)."""
+    random_label_ratio: float = 0.0
+    """Fraction r of training examples whose label is redrawn (exactly round(r·n) examples)."""
+    random_label_scheme: str = "uniform"
+    """uniform (drawn from all C classes, may equal the true one) | shuffle | wrong."""
+    augment: bool = False
+    """Random crop (padding 4 for 32×32, 2 for 28×28) and, for CIFAR-10, horizontal flip, on tensors."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "mlp"
+    """mlp | lenet | wrn."""
+    widths: tuple[int, ...] = (512, 512)
+    """mlp: hidden layer widths."""
+    bias: bool = True
+    """mlp: biases in the linear layers."""
+    batch_norm: bool = False
+    """mlp: BatchNorm1d after each hidden linear layer."""
+    depth: int = 16
+    """wrn: depth (6k+4)."""
+    width: int = 4
+    """wrn: widening factor."""
+    dropout: float = 0.0
+    """wrn: dropout inside the blocks (the random-label studies use none)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    optimizer: str = "adam"
+    """adam | sgd."""
+    lr: float = 1e-3
+    momentum: float = 0.9
+    """sgd only."""
+    nesterov: bool = False
+    """sgd only."""
+    weight_decay: float = 0.0
+    batch_size: int = 128
+    epochs: int = 50
+    schedule: str = "none"
+    """none | cosine | step."""
+    step_size: int = 30
+    """step schedule: epochs between learning-rate decays."""
+    gamma: float = 0.1
+    """step schedule: decay factor."""
+    target_train_acc: float | None = None
+    """Stop early once the epoch's train accuracy reaches this value."""
+    eval_batch_size: int = 2000
+    """Batch size for evaluating accuracy and loss (no effect on the result)."""
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    measures: tuple[str, ...] = ("all",)
+    """Registry names, or `all`."""
+    n_examples: int | None = None
+    """Size of the measurement set (a seeded subset of the training set); default all of it."""
+    losses: tuple[str, ...] = ("ce",)
+    """Losses for the loss-based measures: ce | normalized_ce (one result key per loss)."""
+    normalized_ce_tau: float = 1.0
+    """τ of the normalized cross-entropy surrogate."""
+    dtype: str = "float64"
+    """float64 | float32: precision of the measure computations."""
+    max_memory_mb: int = 1024
+    """Memory budget for chunked computations (per-example gradients)."""
+    chunk_size: int = 2000
+    """Examples per chunk for full-data passes."""
+    settings: dict = field(default_factory=dict)
+    """Per-measure settings, e.g. {eps_sharpness: {eps: 5e-4}}."""
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    gap: str = "acc"
+    """acc | loss: the generalization gap the measures are correlated with."""
+    min_train_acc: float = 0.0
+    """Runs with a lower train accuracy did not train; they are excluded and listed."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines one trained model."""
+
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+    def config_hash(self) -> str:
+        """Hash of the training-relevant config (eval batch size excluded: it changes no weight)."""
+        d = self.to_dict()
+        d["train"].pop("eval_batch_size", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Study:
+    """A whole study: its runs plus the measure and report settings shared by all of them."""
+
+    name: str
+    out: str
+    runs: tuple[tuple[str, RunConfig], ...]
+    measure: MeasureConfig
+    report: ReportConfig
+    sweep_axes: tuple[str, ...]
+    raw: dict
+
+    @property
+    def exp_dir(self) -> Path:
+        return Path(self.out) / self.name
+
+    def run_ids(self) -> list[str]:
+        return [rid for rid, _ in self.runs]
+
+
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
+            "measure": MeasureConfig, "report": ReportConfig}
+SWEEPABLE = ("seed", "data", "model", "train")
+TOP_LEVEL = ("name", "out", "seed", *SECTIONS)
+SHORT_NAMES = {"model.name": "", "data.dataset": "", "data.random_label_ratio": "r", "seed": "s",
+               "train.lr": "lr", "train.batch_size": "bs", "train.optimizer": "", "train.epochs": "e",
+               "train.weight_decay": "wd", "model.widths": "w", "model.depth": "d", "model.width": "k"}
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses → dicts, tuples → lists (what YAML and JSON want)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------- type checking
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`, converting YAML-isms (ints for floats, '1e-3')."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if tp is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    raise ConfigError(f"{where}: unsupported type {tp}")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _is_list_typed(tp: Any) -> bool:
+    return typing.get_origin(tp) is tuple
+
+
+def _check_keys(section: str, given: dict, cls: type) -> None:
+    valid = [f.name for f in fields(cls)]
+    for key in given:
+        if key not in valid:
+            raise ConfigError(f"unknown key '{section}.{key}' (valid keys in '{section}': "
+                              f"{', '.join(valid)})")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"invalid YAML in {path}{where}: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply `section.key=value` overrides (value parsed as YAML) to a raw config dict."""
+    raw = json.loads(json.dumps(raw))  # deep copy of plain data
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. train.epochs=5)")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"override '{item}': the value is not valid YAML") from None
+        parts = key.split(".")
+        if parts[0] not in TOP_LEVEL:
+            raise ConfigError(f"unknown key '{parts[0]}' in override '{item}' (valid top-level keys: "
+                              f"{', '.join(TOP_LEVEL)})")
+        node = raw
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return raw
+
+
+def _ratio_values(value: Any, seeds: list[int]) -> list[float]:
+    """`random_label_ratio` as a list of ratios: a number, a list, or `{uniform: N}`."""
+    where = "data.random_label_ratio"
+    if isinstance(value, dict):
+        if set(value) != {"uniform"}:
+            raise ConfigError(f"{where}: a mapping must be {{uniform: N}}, got {value!r}")
+        n = _coerce(value["uniform"], int, f"{where}.uniform")
+        if n < 1:
+            raise ConfigError(f"{where}.uniform must be at least 1, got {n}")
+        gen = make_generator("random_label_ratio", "uniform", seeds[0])
+        draws = __import__("torch").rand(n, generator=gen, dtype=__import__("torch").float64)
+        return [round(float(r), 4) for r in draws]
+    values = value if isinstance(value, list) else [value]
+    out = [_coerce(v, float, where) for v in values]
+    for r in out:
+        if not 0.0 <= r <= 1.0:
+            raise ConfigError(f"{where} must be in [0, 1], got {r}")
+    return out
+
+
+def _axis_values(section: str, key: str, value: Any, tp: Any) -> list[Any]:
+    """The list of values a sweepable field takes (a one-element list when it is not swept)."""
+    where = f"{section}.{key}" if section else key
+    if _is_list_typed(tp):
+        swept = isinstance(value, list) and value and all(isinstance(v, list) for v in value)
+        values = value if swept else [value]
+    else:
+        values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ConfigError(f"{where}: an empty list sweeps over nothing")
+    return [_coerce(v, tp, where) for v in values]
+
+
+def _validate_choices(run: RunConfig) -> None:
+    from flatbench.data import DATASETS
+    from flatbench.models import MODELS
+
+    if run.data.dataset not in DATASETS:
+        raise ConfigError(f"unknown dataset '{run.data.dataset}' (available: {', '.join(sorted(DATASETS))})")
+    if run.model.name not in MODELS:
+        raise ConfigError(f"unknown model '{run.model.name}' (available: {', '.join(sorted(MODELS))})")
+    choices = {"data.random_label_scheme": (run.data.random_label_scheme, ("uniform", "shuffle", "wrong")),
+               "train.optimizer": (run.train.optimizer, ("adam", "sgd")),
+               "train.schedule": (run.train.schedule, ("none", "cosine", "step"))}
+    for where, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{where}: unknown value '{value}' (choose one of: {', '.join(allowed)})")
+    positive = {"train.lr": run.train.lr, "train.batch_size": run.train.batch_size,
+                "train.epochs": run.train.epochs, "train.eval_batch_size": run.train.eval_batch_size}
+    for where, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{where} must be positive, got {value}")
+    for where, value in {"data.n_train": run.data.n_train, "data.n_test": run.data.n_test}.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"{where} must be positive, got {value}")
+    if any(w <= 0 for w in run.model.widths):
+        raise ConfigError(f"model.widths must be positive integers, got {list(run.model.widths)}")
+    if run.model.name == "wrn" and (run.model.depth - 4) % 6:
+        raise ConfigError(f"model.depth for wrn must be 6k+4 (10, 16, 22, 28, ...), got {run.model.depth}")
+    if run.train.target_train_acc is not None and not 0 < run.train.target_train_acc <= 1:
+        raise ConfigError(f"train.target_train_acc must be in (0, 1], got {run.train.target_train_acc}")
+
+
+def _validate_measure(cfg: MeasureConfig) -> None:
+    for loss in cfg.losses:
+        if loss not in ("ce", "normalized_ce"):
+            raise ConfigError(f"measure.losses: unknown loss '{loss}' (choose from: ce, normalized_ce)")
+    if cfg.dtype not in ("float64", "float32"):
+        raise ConfigError(f"measure.dtype must be float64 or float32, got '{cfg.dtype}'")
+    if cfg.n_examples is not None and cfg.n_examples <= 0:
+        raise ConfigError(f"measure.n_examples must be positive, got {cfg.n_examples}")
+    if cfg.normalized_ce_tau <= 0:
+        raise ConfigError(f"measure.normalized_ce_tau must be positive, got {cfg.normalized_ce_tau}")
+    for name, settings in cfg.settings.items():
+        if not isinstance(settings, dict):
+            raise ConfigError(f"measure.settings.{name} must be a mapping of setting: value")
+
+
+def run_id_for(run: RunConfig, axes: tuple[str, ...]) -> str:
+    """Readable, stable id: `<model>-<dataset>-r<ratio>-s<seed>` plus every other swept field."""
+    def fmt(value: Any) -> str:
+        if isinstance(value, float):
+            text = f"{value:.2f}"
+            return text if float(text) == value else f"{value:.4f}".rstrip("0")
+        if isinstance(value, (tuple, list)):
+            return "x".join(fmt(v) for v in value)
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return str(value).replace("/", "_")
+
+    plain = run.to_dict()
+
+    def get(path: str) -> Any:
+        node: Any = plain
+        for part in path.split("."):
+            node = node[part]
+        return node
+
+    parts = [run.model.name, run.data.dataset, f"r{fmt(run.data.random_label_ratio)}", f"s{run.seed}"]
+    fixed = {"model.name", "data.dataset", "data.random_label_ratio", "seed"}
+    for axis in axes:
+        if axis in fixed:
+            continue
+        short = SHORT_NAMES.get(axis, axis.split(".")[-1].replace("_", ""))
+        parts.append(f"{short}{fmt(get(axis))}")
+    return "-".join(parts)
+
+
+def parse_study(raw: dict, default_name: str = "study", out: str | None = None) -> Study:
+    """Validate a raw config dict and expand its sweep into runs."""
+    for key in raw:
+        if key not in TOP_LEVEL:
+            raise ConfigError(f"unknown key '{key}' (valid top-level keys: {', '.join(TOP_LEVEL)})")
+    for section, cls in SECTIONS.items():
+        value = raw.get(section, {}) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{section}' must be a mapping of keys (valid keys: "
+                              f"{', '.join(f.name for f in fields(cls))}), got {value!r}")
+        _check_keys(section, value, cls)
+
+    name = _coerce(raw.get("name", default_name), str, "name")
+    if not name or "/" in name:
+        raise ConfigError(f"name must be a non-empty folder name, got {name!r}")
+    out_dir = out or _coerce(raw.get("out", "results"), str, "out")
+
+    seeds = _axis_values("", "seed", raw.get("seed", 0), int)
+    axes: list[tuple[str, str, list[Any]]] = [("", "seed", seeds)]
+    for section in ("data", "model", "train"):
+        cls = SECTIONS[section]
+        given = raw.get(section) or {}
+        types = _field_types(cls)
+        for key, value in given.items():
+            if section == "data" and key == "random_label_ratio":
+                values = _ratio_values(value, seeds)
+            else:
+                values = _axis_values(section, key, value, types[key])
+            axes.append((section, key, values))
+
+    swept = tuple(f"{s}.{k}" if s else k for s, k, v in axes if len(v) > 1)
+    runs: list[tuple[str, RunConfig]] = []
+    seen: dict[str, RunConfig] = {}
+    for combo in itertools.product(*(values for _, _, values in axes)):
+        per_section: dict[str, dict] = {"data": {}, "model": {}, "train": {}}
+        seed = 0
+        for (section, key, _), value in zip(axes, combo):
+            if section:
+                per_section[section][key] = value
+            else:
+                seed = value
+        run = RunConfig(seed=seed, data=DataConfig(**per_section["data"]),
+                        model=ModelConfig(**per_section["model"]), train=TrainConfig(**per_section["train"]))
+        _validate_choices(run)
+        rid = run_id_for(run, swept)
+        if rid in seen:
+            if seen[rid] == run:
+                continue  # e.g. {uniform: N} drew the same ratio twice at 4 decimals
+            raise ConfigError(f"two runs of the sweep would share the id '{rid}'")
+        seen[rid] = run
+        runs.append((rid, run))
+
+    mraw = dict(raw.get("measure") or {})
+    mtypes = _field_types(MeasureConfig)
+    for key in ("measures", "losses"):
+        if isinstance(mraw.get(key), str):
+            mraw[key] = [mraw[key]]
+    measure = MeasureConfig(**{k: _coerce(v, mtypes[k], f"measure.{k}") for k, v in mraw.items()})
+    _validate_measure(measure)
+    rraw = raw.get("report") or {}
+    rtypes = _field_types(ReportConfig)
+    report = ReportConfig(**{k: _coerce(v, rtypes[k], f"report.{k}") for k, v in rraw.items()})
+    if report.gap not in ("acc", "loss"):
+        raise ConfigError(f"report.gap must be acc or loss, got '{report.gap}'")
+    return Study(name=name, out=out_dir, runs=tuple(runs), measure=measure, report=report,
+                 sweep_axes=swept, raw=raw)
+
+
+def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = (), out: str | None = None) -> Study:
+    """Read, override, validate and expand a study config file."""
+    raw = apply_overrides(load_yaml(path), overrides)
+    return parse_study(raw, default_name=Path(path).stem, out=out)
+
+
+def run_config_from_dict(d: dict) -> RunConfig:
+    """Rebuild a RunConfig from the `config` stored in run.json."""
+    def build(cls: type, values: dict) -> Any:
+        types = _field_types(cls)
+        return cls(**{k: _coerce(v, types[k], k) for k, v in values.items() if k in types})
+
+    return RunConfig(seed=int(d.get("seed", 0)), data=build(DataConfig, d.get("data", {})),
+                     model=build(ModelConfig, d.get("model", {})), train=build(TrainConfig, d.get("train", {})))
+
+
+def config_reference() -> str:
+    """Markdown table of every config key, its type, default and meaning (for the README)."""
+    import ast
+    import inspect
+
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    lines.append("| `name` | str | config file name | experiment folder name under `out` |")
+    lines.append("| `out` | str | `results` | results root (the CLI's `--out` wins) |")
+    lines.append("| `seed` | int | 0 | base seed of the run's random streams (labels, init, batches, probes) |")
+    for section, cls in SECTIONS.items():
+        tree = ast.parse(inspect.getsource(cls))
+        docs: dict[str, str] = {}
+        body = tree.body[0].body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.AnnAssign) and i + 1 < len(body):
+                nxt = body[i + 1]
+                if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+                    docs[node.target.id] = str(nxt.value.value)
+        types = _field_types(cls)
+        for f in fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            lines.append(f"| `{section}.{f.name}` | {_type_name(types[f.name])} | "
+                         f"`{json.dumps(to_plain(default))}` | {docs.get(f.name, '')} |")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""`MeasureContext`: what a measure function sees, with lazily cached shared quantities.
+
+One context per (model, loss). Shared quantities (the exact Hessian diagonal, per-layer traces) are
+computed once through `ctx.cached(key, fn)` and reused by every measure that needs them; the cache is
+shared between the contexts of one model, so keys that depend on the loss must include it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from flatbench.seeding import make_generator
+
+
+@dataclass
+class MeasureContext:
+    model: nn.Module
+    """The trained model in eval mode, in the measure dtype, on the device."""
+    inputs: torch.Tensor
+    """The measurement set: training inputs (normalized), shape (n, ...)."""
+    targets: torch.Tensor
+    """The labels the model was trained on (the corrupted ones), shape (n,)."""
+    num_classes: int
+    run_id: str = "run"
+    seed: int = 0
+    loss_name: str = "ce"
+    normalized_ce_tau: float = 1.0
+    chunk_size: int = 2000
+    max_memory_mb: int = 1024
+    settings: dict[str, Any] = field(default_factory=dict)
+    model_config: Any = None
+    """The run's ModelConfig (None for ad-hoc models in tests)."""
+    measure_name: str = ""
+    cache: dict[Any, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.inputs.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inputs.dtype
+
+    @property
+    def n(self) -> int:
+        return int(self.inputs.shape[0])
+
+    @property
+    def loss(self) -> Any:
+        """The loss on the logits (`flatbench.losses`) selected for this context."""
+        from flatbench.losses import get_loss
+
+        return self.cached(("loss", self.loss_name, self.normalized_ce_tau),
+                           lambda: get_loss(self.loss_name, tau=self.normalized_ce_tau))
+
+    def generator(self, tag: str = "") -> torch.Generator:
+        """A fresh generator for this measure, seeded from (run id, seed, measure name, tag)."""
+        return make_generator("measure", self.run_id, self.seed, self.measure_name, tag,
+                              device=self.device)
+
+    def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
+
+    def chunks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The measurement set as (inputs, targets) chunks of at most `chunk_size` examples."""
+        return [(self.inputs[i:i + self.chunk_size], self.targets[i:i + self.chunk_size])
+                for i in range(0, self.n, self.chunk_size)]
+
+    def setting(self, key: str) -> Any:
+        return self.settings[key]
+
+    def for_measure(self, name: str, settings: dict[str, Any], loss_name: str | None = None
+                    ) -> "MeasureContext":
+        """A context for one measure and loss, sharing this one's data and cache."""
+        from dataclasses import replace
+
+        return replace(self, measure_name=name, settings=settings,
+                       loss_name=loss_name or self.loss_name, cache=self.cache)

@@ -1,0 +1,143 @@
+"""The results layout on disk, and atomic writes.
+
+    <out>/<experiment>/
+        study.yaml                 the resolved study config (what `flatbench report` reads back)
+        runs/<run_id>/run.json     config, dataset facts, label corruption, final metrics, status
+        runs/<run_id>/model.pt     final weights (state_dict + what is needed to rebuild the model)
+        runs/<run_id>/checkpoint.pt  last epoch checkpoint while training (removed when finished)
+        runs/<run_id>/measures.json  one entry per measure (status, values, seconds, settings, info)
+        table.csv, correlations.csv, plots/, report.md
+
+Every write goes to a temporary file in the same folder and is then moved into place with
+`os.replace`, so a killed job never leaves a half-written JSON file or checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flatbench.errors import CheckpointError, FlatbenchError
+
+RUNS_DIR = "runs"
+RUN_JSON = "run.json"
+MODEL_FILE = "model.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
+MEASURES_JSON = "measures.json"
+STUDY_FILE = "study.yaml"
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` so that readers see either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def _clean_floats(obj: Any) -> Any:
+    """JSON has no NaN/inf: store them as null-free strings so files stay standard JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _clean_floats(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean_floats(v) for v in obj]
+    return obj
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    text = json.dumps(_clean_floats(obj), indent=2, default=_json_default, allow_nan=False)
+    atomic_write_text(path, text + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Read a JSON file written by flatbench; a corrupt file is a one-line `FlatbenchError`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise FlatbenchError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                             "delete it to recompute") from None
+
+
+def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def torch_load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
+    """Load a checkpoint or model file; any failure is a one-line `CheckpointError`."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged file
+        raise CheckpointError(f"{path} is corrupt or not a flatbench file ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); "
+                              "delete it and re-run to retrain") from None
+
+
+def runs_dir(exp_dir: str | os.PathLike) -> Path:
+    return Path(exp_dir) / RUNS_DIR
+
+
+def run_dir(exp_dir: str | os.PathLike, run_id: str) -> Path:
+    return runs_dir(exp_dir) / run_id
+
+
+def list_run_dirs(exp_dir: str | os.PathLike) -> list[Path]:
+    """Run folders of an experiment that have a run.json, sorted by run id."""
+    base = runs_dir(exp_dir)
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.iterdir() if (p / RUN_JSON).is_file())
+
+
+def load_run_info(run_path: str | os.PathLike) -> dict:
+    return read_json(Path(run_path) / RUN_JSON)
+
+
+def is_finished(run_path: str | os.PathLike) -> bool:
+    path = Path(run_path)
+    if not (path / RUN_JSON).is_file() or not (path / MODEL_FILE).is_file():
+        return False
+    try:
+        return read_json(path / RUN_JSON).get("status") == "finished"
+    except FlatbenchError:
+        return False
