@@ -141,3 +141,84 @@ def is_finished(run_path: str | os.PathLike) -> bool:
         return read_json(path / RUN_JSON).get("status") == "finished"
     except FlatbenchError:
         return False
+
+
+LOCK_FILE = ".lock"
+
+
+class RunLocked(FlatbenchError):
+    """Another live process holds this run's lock."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunLock:
+    """A lock file `<run>/.lock` holding `host pid`, so two jobs never train the same run at once.
+
+    A lock left by a dead process on this host is stale and taken over; a lock from another host is
+    honoured (its process cannot be checked from here) unless it is older than `stale_after` seconds.
+    """
+
+    def __init__(self, run_path: str | os.PathLike, stale_after: float = 24 * 3600):
+        self.path = Path(run_path) / LOCK_FILE
+        self.stale_after = stale_after
+        self.held = False
+
+    def _is_stale(self) -> bool:
+        import socket
+        import time
+
+        try:
+            host, pid = self.path.read_text().split()[:2]
+            age = time.time() - self.path.stat().st_mtime
+        except (OSError, ValueError):
+            return True
+        if host == socket.gethostname():
+            return not _pid_alive(int(pid)) or int(pid) == os.getpid()
+        return age > self.stale_after
+
+    def acquire(self) -> None:
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                if self._is_stale():
+                    try:
+                        os.unlink(self.path)
+                    except FileNotFoundError:
+                        pass
+                    continue
+                owner = self.path.read_text().strip() if self.path.exists() else "?"
+                raise RunLocked(f"run {self.path.parent.name} is being trained by another process "
+                                f"({owner}); remove {self.path} if that process is gone") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{socket.gethostname()} {os.getpid()}\n")
+            self.held = True
+            return
+        raise RunLocked(f"could not lock {self.path.parent.name}")
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.held = False
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,124 @@
+"""The stages of a study over all its runs: train, measure, report.
+
+The CLI is a thin layer over these functions, and so are cluster jobs (a shard of a sweep is the same
+call on a slice of the runs), so every path through flatbench trains and measures a run the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import yaml
+
+from flatbench.config import Study, apply_overrides, load_study, parse_study
+from flatbench.errors import ConfigError, FlatbenchError
+from flatbench.store import STUDY_FILE, RunLocked, atomic_write_text, is_finished, run_dir
+
+Echo = Callable[[str], None]
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """`I/N` → (I, N) with 0 ≤ I < N."""
+    if text is None:
+        return None
+    try:
+        i, n = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard must look like I/N (e.g. 0/4), got '{text}'") from None
+    if n < 1 or not 0 <= i < n:
+        raise ConfigError(f"--shard {text}: need 0 ≤ I < N")
+    return i, n
+
+
+def shard_runs(study: Study, shard: tuple[int, int] | None) -> list[tuple[str, object]]:
+    """The I-th of N disjoint, round-robin slices of the sweep (all runs when shard is None)."""
+    runs = list(study.runs)
+    return runs if shard is None else runs[shard[0]::shard[1]]
+
+
+def save_study(study: Study) -> Path:
+    """Write the resolved study config into the experiment folder, for `measure` and `report` to read."""
+    path = study.exp_dir / STUDY_FILE
+    raw = dict(study.raw)
+    raw["name"] = study.name
+    raw.pop("out", None)
+    atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def study_from_target(target: str | Path, overrides: tuple[str, ...] = (), out: str | None = None) -> Study:
+    """A study from a config file, or from an experiment folder's saved study.yaml."""
+    target = Path(target)
+    if target.is_dir():
+        saved = target / STUDY_FILE
+        if not saved.is_file():
+            raise FlatbenchError(f"{target} is not a flatbench experiment folder (no {STUDY_FILE})")
+        raw = yaml.safe_load(saved.read_text())
+        raw = apply_overrides(raw, overrides)
+        study = parse_study(raw, default_name=target.name, out=str(target.parent))
+        return study
+    return load_study(target, overrides, out=out)
+
+
+def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | None = None,
+                quiet: bool = False, echo: Echo = print) -> dict[str, list[str]]:
+    """Train every unfinished run of the (shard of the) study; returns run ids by outcome."""
+    from flatbench.train import Preempted, train_run
+
+    save_study(study)
+    outcome: dict[str, list[str]] = {"trained": [], "skipped": [], "locked": [], "failed": []}
+    runs = shard_runs(study, shard)
+    for i, (rid, cfg) in enumerate(runs, 1):
+        path = run_dir(study.exp_dir, rid)
+        if is_finished(path):
+            outcome["skipped"].append(rid)
+            continue
+        if not quiet:
+            echo(f"[{i}/{len(runs)}] training {rid}")
+        try:
+            train_run(rid, cfg, path, device, sweep_axes=study.sweep_axes, progress=not quiet, echo=echo)
+            outcome["trained"].append(rid)
+        except RunLocked as exc:
+            echo(f"skipping {rid}: {exc}")
+            outcome["locked"].append(rid)
+        except (FlatbenchError, Preempted):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken run must not stop the sweep
+            _mark_failed(path, exc)
+            echo(f"run {rid} failed: {type(exc).__name__}: {exc}")
+            outcome["failed"].append(rid)
+    return outcome
+
+
+def _mark_failed(path: Path, exc: BaseException) -> None:
+    from flatbench.store import RUN_JSON, atomic_write_json, read_json
+
+    info = read_json(path / RUN_JSON) if (path / RUN_JSON).is_file() else {"run_id": path.name}
+    info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+    atomic_write_json(path / RUN_JSON, info)
+
+
+def measure_study(study: Study, device: torch.device, *, names: list[str] | None = None, force: bool = False,
+                  shard: tuple[int, int] | None = None, quiet: bool = False, echo: Echo = print) -> dict:
+    """Compute the configured (or given) measures on every finished run; returns counts."""
+    from flatbench.measures.registry import resolve_names
+    from flatbench.measures.runner import check_settings, measure_run
+
+    chosen = resolve_names(names or list(study.measure.measures))
+    check_settings(chosen, study.measure)
+    counts = {"measured": 0, "not_trained": 0, "errors": 0}
+    for rid, _cfg in shard_runs(study, shard):
+        path = run_dir(study.exp_dir, rid)
+        if not is_finished(path):
+            counts["not_trained"] += 1
+            continue
+        t0 = time.perf_counter()
+        results = measure_run(path, chosen, study.measure, device, force=force, echo=None if quiet else echo)
+        counts["measured"] += 1
+        counts["errors"] += sum(1 for r in results.values() if r.get("status") == "error")
+        if quiet:
+            echo(f"{rid}: {len(results)} measure entries ({time.perf_counter() - t0:.1f}s)")
+    return counts
