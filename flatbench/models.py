@@ -1,0 +1,174 @@
+"""Models by name: mlp, lenet, wrn.
+
+Module structure is kept plain on purpose: the weight layers (`nn.Linear`, `nn.Conv2d`) appear in
+`model.modules()` in forward order, and mlp and lenet are `nn.Sequential`s whose hidden layers are
+separated only by ReLU (and max-pooling), both positively homogeneous. That is what the
+function-preserving rescalings (`flatbench.rescale`) and the per-layer Hessian computations rely on.
+
+Initialization uses the global torch RNG: `build_model` is deterministic given `torch.manual_seed`, and
+the trainer seeds it with `torch.manual_seed(derive_seed(...))` right before building.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from flatbench.config import ModelConfig
+from flatbench.errors import ConfigError
+
+ModelBuilder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
+
+MODELS: dict[str, ModelBuilder] = {}
+"""Registry: model name → builder(cfg, input_shape, num_classes)."""
+
+
+def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
+    """Decorator adding a builder `(cfg, input_shape, num_classes) -> nn.Module` to `MODELS`."""
+    def decorate(builder: ModelBuilder) -> ModelBuilder:
+        if name in MODELS:
+            raise ValueError(f"model '{name}' is already registered")
+        MODELS[name] = builder
+        return builder
+    return decorate
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Build `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs, using the global RNG."""
+    if cfg.name not in MODELS:
+        raise ConfigError(f"unknown model '{cfg.name}' (available: {', '.join(sorted(MODELS))})")
+    return MODELS[cfg.name](cfg, tuple(input_shape), num_classes)
+
+
+# ---------------------------------------------------------------- mlp
+
+
+class MLP(nn.Sequential):
+    """Flatten → [Linear → (BatchNorm1d) → ReLU] per hidden width → Linear to the classes."""
+
+    def __init__(self, in_features: int, widths: tuple[int, ...], num_classes: int, bias: bool = True,
+                 batch_norm: bool = False):
+        layers: list[nn.Module] = [nn.Flatten()]
+        prev = in_features
+        for width in widths:
+            layers.append(nn.Linear(prev, width, bias=bias))
+            if batch_norm:
+                layers.append(nn.BatchNorm1d(width))
+            layers.append(nn.ReLU())
+            prev = width
+        layers.append(nn.Linear(prev, num_classes, bias=bias))
+        super().__init__(*layers)
+
+
+@register_model("mlp")
+def mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    in_features = 1
+    for d in input_shape:
+        in_features *= d
+    return MLP(in_features, tuple(cfg.widths), num_classes, bias=cfg.bias, batch_norm=cfg.batch_norm)
+
+
+# ---------------------------------------------------------------- lenet
+
+
+class LeNet5(nn.Sequential):
+    """LeNet-5 with ReLU and max-pooling; 28×28 inputs are padded by 2 in the first conv (as 32×32).
+
+    Both MNIST and CIFAR-10 thus reach 16×5×5 features before the fully connected layers.
+    """
+
+    def __init__(self, in_channels: int, size: int, num_classes: int):
+        pad = max(0, (32 - size) // 2)
+        side = ((size + 2 * pad - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ConfigError(f"lenet needs inputs of at least 28×28 (after padding), got {size}×{size}")
+        super().__init__(
+            nn.Conv2d(in_channels, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * side * side, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+
+@register_model("lenet")
+def lenet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    channels, height, width = input_shape
+    if height != width:
+        raise ConfigError(f"lenet expects square inputs, got {height}×{width}")
+    return LeNet5(channels, height, num_classes)
+
+
+# ---------------------------------------------------------------- wide resnet
+
+
+class WideBlock(nn.Module):
+    """Pre-activation basic block: BN-ReLU-conv3×3(stride)-BN-ReLU-dropout-conv3×3, plus the shortcut.
+
+    When the shape changes, the shortcut is a 1×1 conv applied to the pre-activated input (as in
+    Zagoruyko & Komodakis); otherwise it is the identity on the raw input.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, dropout: float):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1, padding=1, bias=False)
+        self.shortcut: nn.Module | None = None
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        act = torch.relu(self.bn1(x))
+        out = self.conv2(self.dropout(torch.relu(self.bn2(self.conv1(act)))))
+        return out + (self.shortcut(act) if self.shortcut is not None else x)
+
+
+class WideResNet(nn.Module):
+    """WRN-depth-k: a 16-channel 3×3 stem, three groups of (depth − 4) / 6 blocks with 16k, 32k and 64k
+    channels at strides 1, 2, 2, then BN-ReLU, global average pooling and a linear classifier."""
+
+    def __init__(self, in_channels: int, num_classes: int, depth: int = 16, width: int = 4,
+                 dropout: float = 0.0):
+        super().__init__()
+        if depth < 10 or (depth - 4) % 6:
+            raise ConfigError(f"wrn depth must be 6k+4 with k ≥ 1 (10, 16, 22, 28, ...), got {depth}")
+        if width < 1:
+            raise ConfigError(f"wrn width must be a positive integer, got {width}")
+        blocks_per_group = (depth - 4) // 6
+        channels = [16, 16 * width, 32 * width, 64 * width]
+        self.stem = nn.Conv2d(in_channels, channels[0], 3, padding=1, bias=False)
+        blocks: list[nn.Module] = []
+        for group, stride in enumerate((1, 2, 2)):
+            for i in range(blocks_per_group):
+                blocks.append(WideBlock(channels[group] if i == 0 else channels[group + 1],
+                                        channels[group + 1], stride if i == 0 else 1, dropout))
+        self.blocks = nn.Sequential(*blocks)
+        self.bn = nn.BatchNorm2d(channels[3])
+        self.fc = nn.Linear(channels[3], num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Kaiming-normal convs (fan-in, ReLU gain), unit-scale BN, zero biases."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.relu(self.bn(self.blocks(self.stem(x))))
+        return self.fc(out.mean(dim=(2, 3)))
+
+
+@register_model("wrn")
+def wrn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return WideResNet(input_shape[0], num_classes, depth=cfg.depth, width=cfg.width, dropout=cfg.dropout)

@@ -1,0 +1,114 @@
+"""flatbench.models: shapes, exact parameter counts, options, determinism and inspectable structure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from flatbench.config import ModelConfig
+from flatbench.errors import ConfigError
+from flatbench.models import MODELS, build_model, register_model
+
+SHAPES = [(1, 28, 28), (3, 32, 32)]
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def linear(n_in: int, n_out: int, bias: bool = True) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def weight_layers(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", ["mlp", "lenet", "wrn"])
+def test_output_shape(name: str, shape: tuple[int, int, int]) -> None:
+    cfg = ModelConfig(name=name, depth=10, width=1) if name == "wrn" else ModelConfig(name=name)
+    model = build_model(cfg, shape, 10)
+    for batch in (1, 3):
+        model.eval()
+        assert model(torch.randn(batch, *shape)).shape == (batch, 10)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("widths", [(512, 512), (100,), (64, 32, 16)])
+def test_mlp_param_count(shape: tuple[int, int, int], widths: tuple[int, ...]) -> None:
+    d = shape[0] * shape[1] * shape[2]
+    dims = [d, *widths, 10]
+    expected = sum(linear(a, b) for a, b in zip(dims, dims[1:]))
+    assert n_params(build_model(ModelConfig(name="mlp", widths=widths), shape, 10)) == expected
+    if widths == (512, 512) and shape == (1, 28, 28):
+        assert expected == 669_706
+
+
+def test_mlp_structure_bias_and_batchnorm() -> None:
+    plain = build_model(ModelConfig(name="mlp", widths=(64, 32), bias=False), (1, 28, 28), 10)
+    assert not any("bias" in name for name, _ in plain.named_parameters())
+    assert n_params(plain) == 784 * 64 + 64 * 32 + 32 * 10
+    assert [m.weight.shape for m in weight_layers(plain)] == [(64, 784), (32, 64), (10, 32)]
+
+    bn = build_model(ModelConfig(name="mlp", widths=(64, 32), batch_norm=True), (1, 28, 28), 10)
+    kinds = [type(m) for m in bn]
+    assert kinds == [nn.Flatten, nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d, nn.ReLU,
+                     nn.Linear]
+    assert n_params(bn) == linear(784, 64) + linear(64, 32) + linear(32, 10) + 2 * (64 + 32)
+    bn.train()
+    assert bn(torch.randn(4, 1, 28, 28)).shape == (4, 10)
+
+
+@pytest.mark.parametrize("shape,expected", [((1, 28, 28), 61_706), ((3, 32, 32), 62_006)])
+def test_lenet_param_count(shape: tuple[int, int, int], expected: int) -> None:
+    c = shape[0]
+    by_hand = (c * 6 * 25 + 6) + (6 * 16 * 25 + 16) + linear(400, 120) + linear(120, 84) + linear(84, 10)
+    model = build_model(ModelConfig(name="lenet"), shape, 10)
+    assert n_params(model) == by_hand == expected
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert convs[0].padding == ((2, 2) if shape[1] == 28 else (0, 0))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_wrn_16_4_param_count(shape: tuple[int, int, int]) -> None:
+    model = build_model(ModelConfig(name="wrn"), shape, 10)  # the default is WRN-16-4
+    assert 2_700_000 <= n_params(model) <= 2_800_000
+    assert n_params(model) == 2_748_890 - 16 * 9 * (3 - shape[0])  # only the stem sees the channels
+    model.eval()
+    assert model(torch.randn(2, *shape)).shape == (2, 10)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    # stem + 2 blocks × 3 groups × 2 convs + the 3 shortcut convs where the shape changes (16→64 too)
+    assert len(convs) == 1 + 12 + 3
+    assert [m for m in model.modules() if isinstance(m, nn.Linear)][0].in_features == 256
+
+
+def test_wrn_one_channel_dropout_and_depth() -> None:
+    model = build_model(ModelConfig(name="wrn", depth=10, width=2, dropout=0.3), (1, 28, 28), 10)
+    assert any(isinstance(m, nn.Dropout) and m.p == 0.3 for m in model.modules())
+    model.train()
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ConfigError, match="6k\\+4"):
+        build_model(ModelConfig(name="wrn", depth=12), (3, 32, 32), 10)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", "wrn"])
+def test_build_is_deterministic_given_the_global_seed(name: str) -> None:
+    cfg = ModelConfig(name=name, depth=10, width=1)
+    torch.manual_seed(7)
+    a = build_model(cfg, (1, 28, 28), 10).state_dict()
+    torch.manual_seed(7)
+    b = build_model(cfg, (1, 28, 28), 10).state_dict()
+    torch.manual_seed(8)
+    c = build_model(cfg, (1, 28, 28), 10).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_registry() -> None:
+    assert {"mlp", "lenet", "wrn"} <= set(MODELS)
+    with pytest.raises(ConfigError, match="available"):
+        build_model(ModelConfig(name="resnet50"), (3, 32, 32), 10)
+    with pytest.raises(ValueError, match="already registered"):
+        register_model("mlp")(MODELS["mlp"])
