@@ -49,6 +49,7 @@ def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, q
     study = study_from_target(config, overrides, out=out)
     dev = resolve_device(device)
     _check_measures(measures)
+    _check_study_measures(study)
     outcome = train_study(study, dev, quiet=quiet, echo=_echo)
     measure_study(study, dev, names=measures.split(",") if measures else None, quiet=quiet, echo=_echo)
     report_experiment([study.exp_dir], study.exp_dir, study.report, echo=_echo)
@@ -141,6 +142,14 @@ def _check_measures(measures: str | None) -> None:
         from flatbench.measures import resolve_names
 
         resolve_names(measures.split(","))
+
+
+def _check_study_measures(study) -> None:
+    """Unknown measures or settings in the config stop the study before any training."""
+    from flatbench.measures import resolve_names
+    from flatbench.measures.runner import check_settings
+
+    check_settings(resolve_names(list(study.measure.measures)), study.measure)
 
 
 def _exit_on_failures(outcome: dict[str, list[str]]) -> None:

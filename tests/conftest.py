@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny study configs, running the real CLI, and the full-dataset rule.
+
+Full-dataset tests need `FLATBENCH_DATA` (MNIST) or `FLATBENCH_CIFAR10_ROOT` (prepared CIFAR-10). On CI
+(`CI` set) a missing or unreadable dataset is a failure, never a skip; elsewhere the test skips and says
+why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+TINY = {
+    "name": "tiny",
+    "seed": 0,
+    "data": {"dataset": "mnist_mini", "n_train": 300, "n_test": 200, "random_label_ratio": [0.0, 1.0]},
+    "model": {"name": "mlp", "widths": [32]},
+    "train": {"epochs": 3, "batch_size": 64, "lr": 0.003},
+    "measure": {"measures": ["frobenius_norm", "spectral_norm", "path_norm"], "n_examples": 200},
+}
+
+
+@pytest.fixture
+def write_config(tmp_path: Path):
+    """Write a study config (TINY updated with `changes`, section by section) and return its path."""
+
+    def write(changes: dict | None = None, name: str = "tiny.yaml") -> Path:
+        raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY.items()}
+        for key, value in (changes or {}).items():
+            if isinstance(value, dict) and isinstance(raw.get(key), dict):
+                raw[key].update(value)
+            else:
+                raw[key] = value
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    return write
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600
+            ) -> subprocess.CompletedProcess:
+    """Run `python -m flatbench ARGS` as a user would, capturing its output."""
+    full_env = {**os.environ, "MPLBACKEND": "Agg", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "flatbench", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def require_full_data(env_var: str, probe: str) -> Path:
+    """The dataset root from `env_var`, checked to contain `probe`; fail on CI, skip elsewhere."""
+    root = os.environ.get(env_var)
+    problem = None
+    if not root:
+        problem = f"{env_var} is not set"
+    elif not (Path(root) / probe).exists():
+        problem = f"{Path(root) / probe} does not exist"
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"full-dataset test cannot read its data on CI: {problem}")
+        pytest.skip(f"full dataset not available: {problem}")
+    return Path(root)

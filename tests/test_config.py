@@ -1,0 +1,117 @@
+"""Config parsing, validation errors, overrides, sweep expansion and run ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from flatbench.config import apply_overrides, config_reference, load_study, parse_study, run_id_for
+from flatbench.errors import ConfigError
+
+
+def test_defaults_and_single_run():
+    study = parse_study({"data": {"random_label_ratio": 0.3}}, default_name="x")
+    assert len(study.runs) == 1
+    rid, run = study.runs[0]
+    assert rid == "mlp-mnist_mini-r0.30-s0"
+    assert run.model.widths == (512, 512) and run.train.optimizer == "adam"
+    assert study.exp_dir.as_posix() == "results/x"
+
+
+def test_sweep_is_cartesian_product_with_stable_ids():
+    raw = {"seed": [0, 1], "data": {"random_label_ratio": [0.0, 0.5, 1.0]},
+           "train": {"lr": [0.001, 0.01]}}
+    study = parse_study(raw)
+    assert len(study.runs) == 12
+    ids = study.run_ids()
+    assert len(set(ids)) == 12
+    assert "mlp-mnist_mini-r0.50-s1-lr0.01" in ids
+    assert set(study.sweep_axes) == {"seed", "data.random_label_ratio", "train.lr"}
+    assert parse_study(raw).run_ids() == ids  # stable
+
+
+def test_list_typed_field_sweeps_only_with_list_of_lists():
+    single = parse_study({"model": {"widths": [64, 32]}})
+    assert len(single.runs) == 1 and single.runs[0][1].model.widths == (64, 32)
+    swept = parse_study({"model": {"widths": [[64], [128, 128]]}})
+    assert [r.model.widths for _, r in swept.runs] == [(64,), (128, 128)]
+    assert swept.run_ids()[1].endswith("-w128x128")
+
+
+def test_uniform_ratios_are_drawn_from_the_seed():
+    a = parse_study({"seed": 3, "data": {"random_label_ratio": {"uniform": 6}}})
+    b = parse_study({"seed": 3, "data": {"random_label_ratio": {"uniform": 6}}})
+    c = parse_study({"seed": 4, "data": {"random_label_ratio": {"uniform": 6}}})
+    ratios = [r.data.random_label_ratio for _, r in a.runs]
+    assert len(ratios) == 6 and all(0 <= r <= 1 for r in ratios)
+    assert ratios == [r.data.random_label_ratio for _, r in b.runs]
+    assert ratios != [r.data.random_label_ratio for _, r in c.runs]
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    ({"trian": {}}, "unknown key 'trian'"),
+    ({"train": {"epoch": 3}}, "valid keys in 'train'"),
+    ({"train": {"epochs": "many"}}, "train.epochs: expected an integer"),
+    ({"train": {"lr": "fast"}}, "train.lr: expected a number"),
+    ({"data": {"random_label_ratio": 1.5}}, "must be in [0, 1]"),
+    ({"data": {"random_label_ratio": [0.5, -0.1]}}, "must be in [0, 1]"),
+    ({"data": {"dataset": "imagenet"}}, "unknown dataset 'imagenet'"),
+    ({"model": {"name": "vit"}}, "unknown model 'vit'"),
+    ({"train": {"optimizer": "lion"}}, "train.optimizer: unknown value 'lion'"),
+    ({"model": {"bias": "yes"}}, "expected true or false"),
+    ({"measure": {"losses": ["mse"]}}, "unknown loss 'mse'"),
+    ({"model": {"name": "wrn", "depth": 15}}, "6k+4"),
+    ({"train": {"epochs": 0}}, "must be positive"),
+])
+def test_validation_errors_are_one_clear_line(raw, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_study(raw)
+    message = str(info.value)
+    assert fragment in message and "\n" not in message
+
+
+def test_yaml_style_scientific_notation_is_accepted():
+    study = parse_study({"train": {"lr": "1e-3"}})
+    assert study.runs[0][1].train.lr == pytest.approx(1e-3)
+
+
+def test_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  random_label_ratio: 0.5\ntrain:\n  epochs: 4\n")
+    study = load_study(path, ["train.epochs=2", "data.random_label_ratio=[0, 1]", "model.widths=[16]"])
+    assert [r.train.epochs for _, r in study.runs] == [2, 2]
+    assert [r.data.random_label_ratio for _, r in study.runs] == [0.0, 1.0]
+    assert study.runs[0][1].model.widths == (16,)
+    assert study.name == "c"
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides({}, ["train.epochs"])
+    with pytest.raises(ConfigError, match="unknown key 'bogus'"):
+        apply_overrides({}, ["bogus.x=1"])
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_study(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [epochs: 3\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_study(bad)
+
+
+def test_config_hash_ignores_eval_batch_size_only():
+    a = parse_study({}).runs[0][1]
+    b = parse_study({"train": {"eval_batch_size": 17}}).runs[0][1]
+    c = parse_study({"train": {"lr": 0.01}}).runs[0][1]
+    assert a.config_hash() == b.config_hash() != c.config_hash()
+
+
+def test_run_id_formats_floats_exactly():
+    study = parse_study({"data": {"random_label_ratio": [0.125, 0.3]}})
+    assert study.run_ids() == ["mlp-mnist_mini-r0.125-s0", "mlp-mnist_mini-r0.30-s0"]
+    run = study.runs[0][1]
+    assert run_id_for(run, ()) == "mlp-mnist_mini-r0.125-s0"
+
+
+def test_config_reference_lists_every_key():
+    table = config_reference()
+    for key in ("data.random_label_ratio", "train.target_train_acc", "measure.settings", "report.gap"):
+        assert f"`{key}`" in table
