@@ -68,13 +68,17 @@ class TrainConfig:
     optimizer: str = "adam"
     """adam | sgd."""
     lr: float = 1e-3
+    """Learning rate (the papers: Adam, 1e-3)."""
     momentum: float = 0.9
     """sgd only."""
     nesterov: bool = False
     """sgd only."""
     weight_decay: float = 0.0
+    """L2 weight decay (coupled, as torch's Adam and SGD apply it)."""
     batch_size: int = 128
+    """Training minibatch size."""
     epochs: int = 50
+    """Maximum number of epochs."""
     schedule: str = "none"
     """none | cosine | step."""
     step_size: int = 30
@@ -514,5 +518,5 @@ def config_reference() -> str:
         for f in fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             lines.append(f"| `{section}.{f.name}` | {_type_name(types[f.name])} | "
-                         f"`{json.dumps(to_plain(default))}` | {docs.get(f.name, '')} |")
+                         f"`{json.dumps(to_plain(default))}` | {docs.get(f.name, '').replace(' | ', ' / ')} |")
     return "\n".join(lines)
