@@ -25,7 +25,7 @@ def _layers(ctx: MeasureContext):
 
 @register_measure("frobenius_norm", description="Σ_l ‖W_l‖_F² over Linear/Conv weights", cost="cheap")
 def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
-    per_layer = {f"frobenius_norm/{l.name}": float(l.module.weight.double().pow(2).sum())
+    per_layer = {f"frobenius_norm/{l.name}": float(l.module.weight.detach().double().pow(2).sum())
                  for l in _layers(ctx)}
     return MeasureOutput({"frobenius_norm": sum(per_layer.values()), **per_layer})
 
@@ -33,13 +33,13 @@ def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
 @register_measure("frobenius_norm_product", description="log Π_l ‖W_l‖_F² (the product form, as a log)",
                   cost="cheap")
 def frobenius_norm_product(ctx: MeasureContext) -> MeasureOutput:
-    logs = [math.log(float(l.module.weight.double().pow(2).sum())) for l in _layers(ctx)]
+    logs = [math.log(float(l.module.weight.detach().double().pow(2).sum())) for l in _layers(ctx)]
     return MeasureOutput({"frobenius_norm_product": sum(logs)})
 
 
 def _operator_norm(layer, iters: int, tol: float, gen: torch.Generator) -> tuple[float, int]:
     """Largest singular value of the layer's linear map (conv: the whole convolution operator)."""
-    w = layer.module.weight
+    w = layer.module.weight.detach()
     if isinstance(layer.module, nn.Linear):
         return float(torch.linalg.matrix_norm(w.double(), ord=2)), 0
     conv = layer.module
