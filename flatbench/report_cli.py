@@ -21,8 +21,8 @@ def report_config_of(exp_dir: Path) -> ReportConfig:
 
 
 def report_experiment(exp_dirs: list[Path], out_dir: Path, cfg: ReportConfig,
-                      echo: Callable[[str], None] = print) -> object:
+                      echo: Callable[[str], None] = print, quiet: bool = False) -> object:
     from flatbench.report import write_report
 
     return write_report([Path(d) for d in exp_dirs], Path(out_dir), gap=cfg.gap,
-                        min_train_acc=cfg.min_train_acc, echo=echo)
+                        min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo)

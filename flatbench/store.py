@@ -32,6 +32,8 @@ MODEL_FILE = "model.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
 MEASURES_JSON = "measures.json"
 STUDY_FILE = "study.yaml"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -40,6 +42,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are meant to be shared
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -1,0 +1,259 @@
+"""The report stage end to end on synthetic experiment folders (run.json + measures.json written here)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flatbench.analysis import stats
+from flatbench.analysis.table import build_table
+from flatbench.errors import FlatbenchError
+from flatbench.report import plot_filename, write_report
+
+RATIOS = (0.0, 0.25, 0.5, 0.75)
+SEEDS = (0, 1)
+
+
+def write_experiment(root: Path, name: str, *, dataset: str = "mnist_mini", model: str = "mlp",
+                     seed: int = 0, study_yaml: bool = True) -> Path:
+    """An experiment folder in the layout training and measuring write: 4 ratios × 2 seeds.
+
+    `tracks` grows with the gap over two decades (log axis), `noise` is random, `flat` is a measure
+    registered (in the tests) with larger_is_sharper=False and decreases with the gap; there is also a
+    per-layer detail, a loss-suffixed key, a not-applicable and a failed measure.
+    """
+    rng = np.random.default_rng(seed)
+    exp = root / name
+    for ratio in RATIOS:
+        for s in SEEDS:
+            run_id = f"{model}-{dataset}-r{ratio:.2f}-s{s}"
+            run_dir = exp / "runs" / run_id
+            run_dir.mkdir(parents=True)
+            test_acc = 0.97 - 0.8 * ratio + rng.normal(0, 0.02)
+            gap = 0.99 - test_acc
+            info = {
+                "run_id": run_id, "status": "finished",
+                "config": {"seed": s, "data": {"dataset": dataset, "random_label_ratio": ratio, "n_train": None},
+                           "model": {"name": model, "widths": [512, 512]}, "train": {"lr": 0.001}},
+                "sweep_axes": ["data.random_label_ratio", "seed"],
+                "dataset": {"name": dataset, "num_classes": 10, "n_train": 6000, "n_test": 1000},
+                "labels": {"scheme": "uniform", "ratio": ratio, "n_corrupted": int(6000 * ratio),
+                           "n_changed": int(5400 * ratio)},
+                "train_acc": 0.99, "train_loss": 0.03, "test_acc": test_acc, "test_loss": 0.4 + 3 * ratio,
+                "gap_acc": gap, "gap_loss": 0.37 + 3 * ratio, "epochs": 20, "seconds": 10.0, "device": "cpu",
+                "history": [{"epoch": 1, "train_loss": 0.5, "train_acc": 0.8, "seconds": 0.5}],
+            }
+            measures = {
+                "tracks": {"status": "ok", "values": {"tracks": float(10 ** (1 + 3 * gap)),
+                                                      "tracks/layers.0.weight": 1.0 + gap},
+                           "seconds": 0.25, "settings": {}, "info": {}},
+                "tracks@normalized_ce": {"status": "ok", "values": {"tracks@normalized_ce": 2.0 + gap},
+                                         "seconds": 0.5},
+                "noise": {"status": "ok", "values": {"noise": float(rng.normal())}, "seconds": 0.1},
+                "flat": {"status": "ok", "values": {"flat": 5.0 - gap}, "seconds": 0.1},
+                "psi_flatness": {"status": "not_applicable", "reason": "needs a bias-free ReLU net",
+                                 "seconds": 0.0},
+                "eps_sharpness": {"status": "error", "error": "optimizer diverged", "seconds": 0.5},
+            }
+            (run_dir / "run.json").write_text(json.dumps(info))
+            (run_dir / "measures.json").write_text(json.dumps(measures))
+    if study_yaml:
+        (exp / "study.yaml").write_text(f"name: {name}\ndata:\n  dataset: {dataset}\n"
+                                        "  random_label_ratio: [0.0, 0.25, 0.5, 0.75]\nseed: [0, 1]\n")
+    return exp
+
+
+class _Spec:
+    def __init__(self, larger_is_sharper: bool, description: str):
+        self.larger_is_sharper, self.description, self.cost = larger_is_sharper, description, "cheap"
+
+
+def _fake_specs() -> dict[str, _Spec]:
+    """`flat` is smaller-is-sharper; the other names are unregistered and default to larger-is-sharper."""
+    return {"flat": _Spec(False, "a smaller-is-sharper test measure"), "tracks": _Spec(True, "tracks the gap")}
+
+
+@pytest.fixture(autouse=True)
+def fake_registry(monkeypatch):
+    monkeypatch.setattr(stats, "measure_specs", _fake_specs)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """One report over the synthetic study, shared by the tests that only read its outputs."""
+    exp = write_experiment(tmp_path_factory.mktemp("exp"), "synth")
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stats, "measure_specs", _fake_specs)
+        summary = write_report([exp], exp, n_boot=200, echo=lines.append)
+    return exp, summary, "\n".join(lines)
+
+
+def test_report_files(report):
+    exp, summary, _ = report
+    for name in ("table.csv", "correlations.csv", "report.md", "report.html"):
+        assert (exp / name).is_file(), name
+    plots = exp / "plots"
+    for name in ("overview.png", "ranking.png", "vs_ratio.png", "agreement.png", "tracks.png", "noise.png",
+                 "flat.png", "tracks_at_normalized_ce.png", "psi_flatness.png", "eps_sharpness.png"):
+        assert (plots / name).is_file(), name
+        assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(plots.glob("*layers*"))  # per-layer details are not plotted
+    assert sorted(summary.plots) == sorted(plots.glob("*.png"))
+
+
+def test_table_columns(report):
+    exp, summary, _ = report
+    table = pd.read_csv(exp / "table.csv")
+    for col in ("run_id", "experiment", "status", "seed", "data.random_label_ratio", "data.dataset",
+                "model.name", "model.widths", "train.lr", "train_acc", "test_acc", "train_loss", "test_loss",
+                "gap_acc", "gap_loss", "epochs", "train_seconds", "tracks", "tracks/layers.0.weight",
+                "tracks@normalized_ce", "noise", "flat", "psi_flatness", "eps_sharpness"):
+        assert col in table.columns, col
+    assert len(table) == len(RATIOS) * len(SEEDS)
+    assert set(table["model.widths"]) == {"512x512"}
+    assert set(table["experiment"]) == {"synth"}
+    assert table["eps_sharpness"].isna().all()
+    assert summary.table.attrs["sweep_axes"] == ["data.random_label_ratio", "seed"]
+
+
+def test_correlations_csv(report):
+    exp, summary, _ = report
+    corr = pd.read_csv(exp / "correlations.csv")
+    for col in ("measure", "n", "kendall_tau", "kendall_tau_lo", "kendall_tau_hi", "spearman_rho",
+                "spearman_rho_lo", "spearman_rho_hi", "pearson_r", "pearson_r_lo", "pearson_r_hi", "psi",
+                "psi_data.random_label_ratio", "psi_seed", "cmi", "larger_is_sharper"):
+        assert col in corr.columns, col
+    assert not any("/" in m for m in corr["measure"])  # per-layer keys stay out of the statistics
+    by = corr.set_index("measure")
+    assert by.loc["tracks", "kendall_tau"] == pytest.approx(1.0)
+    assert by.loc["flat", "kendall_tau"] == pytest.approx(1.0)  # negated: smaller = sharper
+    assert not by.loc["flat", "larger_is_sharper"]
+    assert abs(by.loc["noise", "kendall_tau"]) < 0.9
+    assert by.loc["eps_sharpness", "n"] == 0 and by.loc["tracks", "n"] == 8
+    assert summary.best_measure in {"tracks", "tracks@normalized_ce", "flat"}
+
+
+def test_html_is_self_contained(report):
+    exp, summary, _ = report
+    html = (exp / "report.html").read_text()
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", html, flags=re.IGNORECASE)
+    assert refs, "expected embedded images"
+    assert all(not r.lower().startswith(("http:", "https:", "//")) for r in refs)
+    assert "http://" not in html and "https://" not in html
+    assert "<link" not in html.lower() and "<script" not in html.lower()
+    images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) == len(summary.plots)
+    for section in ("Ranking", "Excluded runs", "Study config", "Measures and time", "training",
+                    "measuring", "random_label_ratio: [0.0, 0.25, 0.5, 0.75]", "optimizer diverged"):
+        assert section in html, section
+
+
+def test_markdown_report(report):
+    exp, _, _ = report
+    md = (exp / "report.md").read_text()
+    assert "](plots/overview.png)" in md and "](plots/tracks_at_normalized_ce.png)" in md
+    assert "8 runs found, 8 trained" in md
+    assert "| 1 | `" in md  # the ranking table
+
+
+def test_terminal_summary_best_first(report):
+    _, summary, text = report
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "tau [95% CI]" in line)
+    body = [line for line in lines[header + 1:] if re.match(r"\s+\d+\s", line)]
+    rows = [line.split()[1] for line in body]
+    assert rows[0] == summary.best_measure
+    assert rows.index("noise") > rows.index("tracks")
+    assert set(rows[-2:]) == {"eps_sharpness", "psi_flatness"}  # no correlation: last
+    # Aligned: every row's τ cell starts where the header's does.
+    col = lines[header].index("tau [95% CI]")
+    assert all(line[col - 2:col] == "  " and line[col] != " " for line in body)
+
+
+def test_combine_two_experiments(tmp_path):
+    a = write_experiment(tmp_path, "mnist_study", seed=1)
+    b = write_experiment(tmp_path, "cifar_study", dataset="cifar10", model="lenet", seed=2, study_yaml=False)
+    out = tmp_path / "combined"
+    lines: list[str] = []
+    summary = write_report([a, b], out, n_boot=50, echo=lines.append)
+    table = pd.read_csv(out / "table.csv")
+    assert set(table["experiment"]) == {"mnist_study", "cifar_study"}
+    assert len(table) == 2 * len(RATIOS) * len(SEEDS)
+    assert "experiment" in summary.table.attrs["sweep_axes"]
+    corr = pd.read_csv(out / "correlations.csv")
+    assert "psi_experiment" in corr.columns
+    assert corr.set_index("measure").loc["tracks", "n"] == 16
+    md = (out / "report.md").read_text()
+    assert "No `study.yaml`" in md and "name: mnist_study" in md
+
+
+def test_same_study_split_in_two_folders_has_no_experiment_axis(tmp_path):
+    a = write_experiment(tmp_path / "a", "study", seed=1)
+    b = write_experiment(tmp_path / "b", "study", seed=2)
+    table = build_table([a, b])
+    assert "experiment" not in table.attrs["sweep_axes"]
+    assert table["experiment"].nunique() == 2  # same folder names are told apart by their parents
+
+
+def test_excluded_runs_are_listed(tmp_path):
+    exp = write_experiment(tmp_path, "partial")
+    runs = sorted((exp / "runs").iterdir())
+    info = json.loads((runs[0] / "run.json").read_text())
+    info["status"] = "running"
+    (runs[0] / "run.json").write_text(json.dumps(info))
+    info = json.loads((runs[1] / "run.json").read_text())
+    info["train_acc"] = 0.1
+    (runs[1] / "run.json").write_text(json.dumps(info))
+    info = json.loads((runs[2] / "run.json").read_text())
+    info["test_loss"] = "nan"
+    (runs[2] / "run.json").write_text(json.dumps(info))
+    lines: list[str] = []
+    summary = write_report([exp], exp, min_train_acc=0.5, n_boot=50, echo=lines.append)
+    assert summary.n_runs == 8 and summary.n_included == 5
+    reasons = {e["run_id"]: e["reason"] for e in summary.excluded}
+    assert "status: running" in reasons[runs[0].name]
+    assert "train accuracy 0.100 < 0.500" in reasons[runs[1].name]
+    assert "non-finite loss" in reasons[runs[2].name]
+    md = (exp / "report.md").read_text()
+    for run in runs[:3]:
+        assert run.name in md
+    assert summary.correlations.set_index("measure").loc["tracks", "n"] == 5
+
+
+@pytest.mark.parametrize("n_runs", [0, 1])
+def test_too_few_runs_do_not_crash(tmp_path, n_runs):
+    exp = write_experiment(tmp_path, "tiny")
+    for run in sorted((exp / "runs").iterdir())[n_runs:]:
+        for f in run.iterdir():
+            f.unlink()
+        run.rmdir()
+    lines: list[str] = []
+    summary = write_report([exp], exp, n_boot=50, echo=lines.append)
+    assert (exp / "table.csv").is_file() and (exp / "report.html").is_file()
+    assert len(pd.read_csv(exp / "table.csv")) == n_runs
+    assert summary.best_measure is None
+    assert "at least 3" in "\n".join(lines)
+    assert "at least 3" in (exp / "report.md").read_text()
+
+
+def test_quiet_prints_one_line(tmp_path):
+    exp = write_experiment(tmp_path, "q")
+    lines: list[str] = []
+    write_report([exp], exp, quiet=True, n_boot=20, echo=lines.append)
+    assert len(lines) == 1 and "report.html" in lines[0]
+
+
+def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FlatbenchError, match="does not exist"):
+        write_report([tmp_path / "nope"], tmp_path / "out", echo=lambda _: None)
+
+
+def test_plot_file_names():
+    assert plot_filename("hessian_trace@normalized_ce") == "hessian_trace_at_normalized_ce"
+    assert plot_filename("a/b c") == "a__b_c"
