@@ -58,8 +58,8 @@ def study_from_target(target: str | Path, overrides: tuple[str, ...] = (), out: 
             raise FlatbenchError(f"{target} is not a flatbench experiment folder (no {STUDY_FILE})")
         raw = yaml.safe_load(saved.read_text())
         raw = apply_overrides(raw, overrides)
-        study = parse_study(raw, default_name=target.name, out=str(target.parent))
-        return study
+        raw["name"] = target.name  # the folder may have been moved or renamed since
+        return parse_study(raw, default_name=target.name, out=str(target.parent))
     return load_study(target, overrides, out=out)
 
 
