@@ -13,9 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The tests use tiny tensors: thread start-up and spinning cost more than they save, and badly so on a
+# shared 2-core machine. Subprocesses (the real CLI) keep torch's default.
+torch.set_num_threads(1)
 
 TINY = {
     "name": "tiny",

@@ -38,9 +38,13 @@ def directional_logit_derivative(model: torch.nn.Module, x: torch.Tensor
     "fisher_rao_norm",
     description="Liang et al. 2017: E_n[⟨θ, ∇_θ ℓ(f_n, y_n)⟩²] over all parameters (one JVP along θ "
                 "per chunk)",
-    invariant_to=("layer", "node", "bn"), cost="gradient", uses_loss=True)
+    invariant_to=("layer", "node", "bn"), cost="gradient")
 def fisher_rao_norm(ctx: MeasureContext) -> MeasureOutput:
-    """The squared Fisher-Rao norm E_n[⟨θ, ∇_θ ℓ_n⟩²] (not its square root, unlike some ports)."""
+    """The squared Fisher-Rao norm E_n[⟨θ, ∇_θ ℓ_n⟩²] (not its square root, unlike some ports).
+
+    Always with cross-entropy: for a loss that is invariant to scaling the logits (`normalized_ce`)
+    and a positively homogeneous network, ⟨θ, ∇_θ ℓ⟩ is identically 0, so the norm would be rounding noise.
+    """
     total = 0.0
     for x, y in ctx.chunks():
         with torch.no_grad():

@@ -102,8 +102,12 @@ def _squared_params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @register_measure("path_norm", description="Σ_paths Π_e w_e²: the squared-weights network on an all-ones "
-                  "input (biases squared too)", cost="cheap")
+                  "input (biases squared too)", cost="cheap", invariant_to=("layer", "node", "bn"))
 def path_norm(ctx: MeasureContext) -> MeasureOutput:
+    """Invariant to layer- and node-wise rescaling of ReLU nets: every path crosses a rescaled unit
+    once on its way in (× c²) and once on its way out (÷ c²); a path starting at a bias starts with
+    that unit's scaled bias. BatchNorm folds into a per-channel affine map that absorbs a rescaling of
+    the layer before it."""
     ones = torch.ones((1, *ctx.inputs.shape[1:]), device=ctx.device, dtype=ctx.dtype)
     with torch.no_grad():
         out = functional_call(ctx.model, _squared_params(ctx.model), (ones,))
