@@ -1,0 +1,337 @@
+"""The curvature engine against brute force: full Hessians of tiny float64 nets.
+
+Each net has at most a few hundred parameters and the data 20 examples, so
+`torch.autograd.functional.hessian` of the loss as a function of the flat parameter vector is cheap and
+is the ground truth for the exact diagonal, HVPs, Hutchinson and Lanczos.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from flatbench.curvature import (DiagonalResult, diagonal_for, exact_applicable, hessian_diagonal,
+                                 hutchinson_trace, hvp, lanczos, per_layer_traces,
+                                 register_piecewise_linear_container)
+from flatbench.losses import get_loss
+from flatbench.measures.context import MeasureContext
+from flatbench.measures.registry import get_measure
+from flatbench.measures.runner import compute_entry
+
+N = 20
+C = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from threads, and on a shared machine thread barriers dominate."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@register_piecewise_linear_container
+class TinyResNet(nn.Module):
+    """conv-BN-ReLU-conv-BN plus a 1×1-conv shortcut, an inplace ReLU after the add, global pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 3, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(3)
+        self.conv2 = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(3)
+        self.shortcut = nn.Conv2d(2, 3, 1, stride=1)
+        self.head = nn.Sequential(nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(3, C))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.bn1(self.conv1(x)))
+        return self.head(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+def _eval_bn(model: nn.Module) -> nn.Module:
+    """Random running statistics and affine parameters, so BatchNorm is not close to the identity."""
+    gen = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen))
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
+            m.weight.data.copy_(torch.randn(m.weight.shape, generator=gen))
+            m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen))
+    return model
+
+
+def _build(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    torch.manual_seed(0)
+    if name == "mlp":
+        net = nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 7), nn.ReLU(),
+                            nn.Linear(7, C))
+        shape: tuple[int, ...] = (6,)
+    elif name == "mlp_bn":
+        net = _eval_bn(nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(inplace=True),
+                                     nn.Linear(8, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, C)))
+        shape = (6,)
+    elif name == "lenet":
+        net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Flatten(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, C))
+        shape = (1, 10, 10)
+    elif name == "resnet":
+        net, shape = _eval_bn(TinyResNet()), (2, 5, 5)
+    elif name == "conv_variants":  # stride, dilation, groups, reflect and 'same' padding, avg-pool
+        net = nn.Sequential(nn.Conv2d(2, 4, 3, stride=2, padding=1, padding_mode="reflect"), nn.ReLU(),
+                            nn.Conv2d(4, 4, 3, dilation=2, groups=2, padding="same"), nn.ReLU(),
+                            nn.AvgPool2d(2), nn.Flatten(), nn.Linear(16, C))
+        shape = (2, 9, 9)
+    elif name == "linear_3d":  # a Linear on (n, tokens, features): per-example gradients are not rank one
+        net = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Flatten(), nn.Linear(15, C))
+        shape = (3, 4)
+    else:
+        raise KeyError(name)
+    return net.double().eval(), shape
+
+
+@lru_cache(maxsize=None)
+def _case(name: str, loss_name: str, labels: str) -> tuple[nn.Module, Tensor, Tensor, Tensor]:
+    """(model, x, y, full Hessian) for one net, loss and labelling; cached across tests."""
+    net, shape = _build(name)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(N, *shape, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        clean = net(x).argmax(1)
+    y = clean if labels == "clean" else torch.randint(0, C, (N,), generator=gen)
+    return net, x, y, _full_hessian(net, x, y, get_loss(loss_name))
+
+
+def _full_hessian(net: nn.Module, x: Tensor, y: Tensor, loss) -> Tensor:
+    params = {k: p.detach() for k, p in net.named_parameters()}
+    buffers = dict(net.named_buffers())
+
+    def f(flat: Tensor) -> Tensor:
+        d, offset = {}, 0
+        for k, p in params.items():
+            d[k] = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return loss(functional_call(net, (d, buffers), (x,)), y)
+
+    flat = torch.cat([p.reshape(-1) for p in params.values()])
+    return torch.autograd.functional.hessian(f, flat, vectorize=True)
+
+
+def _flat(result: dict[str, Tensor], net: nn.Module) -> Tensor:
+    return torch.cat([result[k].reshape(-1) for k, _ in net.named_parameters()])
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("labels", ["clean", "random"])
+@pytest.mark.parametrize("loss_name", ["ce", "normalized_ce"])
+@pytest.mark.parametrize("name", ["mlp", "mlp_bn", "lenet", "resnet"])
+def test_exact_diagonal_matches_full_hessian(name: str, loss_name: str, labels: str) -> None:
+    net, x, y, hess = _case(name, loss_name, labels)
+    assert exact_applicable(net)[0]
+    result = hessian_diagonal(net, x, y, get_loss(loss_name), chunk_size=7)
+    assert result.method == "exact" and result.stderr is None
+    assert all(result.diag[k].shape == p.shape and result.diag[k].dtype == torch.float64
+               for k, p in net.named_parameters())
+    assert _rel(_flat(result.diag, net), hess.diagonal()) < 1e-6
+    assert result.trace() == pytest.approx(float(hess.trace()), rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["conv_variants", "linear_3d"])
+def test_exact_diagonal_layer_variants(name: str) -> None:
+    net, x, y, hess = _case(name, "normalized_ce", "random")
+    result = hessian_diagonal(net, x, y, get_loss("normalized_ce"))
+    assert result.method == "exact"
+    assert _rel(_flat(result.diag, net), hess.diagonal()) < 1e-6
+
+
+def test_exact_diagonal_under_tiny_memory_budget_and_no_grad() -> None:
+    """A zero budget forces one example per chunk and sub-chunk; autograd off outside must not matter,
+    and the parameters' requires_grad flags are restored."""
+    net, x, y, hess = _case("lenet", "ce", "random")
+    net[0].weight.requires_grad_(False)
+    try:
+        with torch.no_grad():
+            result = hessian_diagonal(net, x, y, get_loss("ce"), max_memory_mb=0)
+        assert not net[0].weight.requires_grad
+    finally:
+        net[0].weight.requires_grad_(True)
+    assert _rel(_flat(result.diag, net), hess.diagonal()) < 1e-6
+
+
+def test_per_layer_traces_sum_blocks_of_the_diagonal() -> None:
+    net, x, y, hess = _case("mlp", "ce", "clean")
+    traces = per_layer_traces(hessian_diagonal(net, x, y, get_loss("ce")))
+    assert list(traces) == [k for k, _ in net.named_parameters()]
+    offset = 0
+    for k, p in net.named_parameters():
+        block = hess.diagonal()[offset:offset + p.numel()].sum()
+        assert traces[k] == pytest.approx(float(block), rel=1e-9, abs=1e-12)
+        offset += p.numel()
+
+
+def test_applicability_says_no_and_falls_back_to_hutchinson() -> None:
+    torch.manual_seed(0)
+    tanh = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, C)).double().eval()
+    bn_train = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, C)).double().train()
+    x = torch.randn(N, 6, dtype=torch.float64)
+    y = torch.randint(0, C, (N,))
+    for net, word in ((tanh, "Tanh"), (bn_train, "train mode")):
+        ok, reason = exact_applicable(net)
+        assert not ok and word in reason
+        stats = [b.clone() for b in net.buffers()]
+        result = hessian_diagonal(net, x, y, get_loss("ce"), hutchinson_probes=5,
+                                  generator=torch.Generator().manual_seed(0))
+        assert result.method == "hutchinson" and result.probes == 5 and word in result.reason
+        assert result.stderr is not None and result.total_trace_stderr is not None
+        assert all(torch.equal(a, b) for a, b in zip(stats, net.buffers()))  # running stats untouched
+    with pytest.raises(ValueError, match="not applicable"):
+        hessian_diagonal(tanh, x, y, get_loss("ce"), method="exact")
+
+
+def test_hutchinson_diagonal_is_unbiased_on_a_smooth_net() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, C)).double().eval()
+    x = torch.randn(N, 6, dtype=torch.float64)
+    y = torch.randint(0, C, (N,))
+    hess = _full_hessian(net, x, y, get_loss("ce"))
+    result = hessian_diagonal(net, x, y, get_loss("ce"), hutchinson_probes=200,
+                              generator=torch.Generator().manual_seed(3))
+    assert abs(result.trace() - float(hess.trace())) < 3 * result.total_trace_stderr
+    z = (_flat(result.diag, net) - hess.diagonal()) / _flat(result.stderr, net).clamp_min(1e-12)
+    assert float((z.abs() < 4).double().mean()) > 0.95
+
+
+def test_unknown_modules_and_weight_sharing_are_not_exact() -> None:
+    class Custom(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 8), nn.Linear(8, C)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.b(nn.functional.gelu(self.a(x)))
+
+    ok, reason = exact_applicable(Custom())
+    assert not ok and "container" in reason
+    shared = nn.Linear(4, 4)
+    net = nn.Sequential(shared, nn.ReLU(), shared).double().eval()
+    x = torch.randn(N, 4, dtype=torch.float64)
+    y = torch.randint(0, 4, (N,))
+    result = hessian_diagonal(net, x, y, get_loss("ce"), hutchinson_probes=2)
+    assert result.method == "hutchinson" and "more than once" in result.reason
+
+
+def test_flatbench_models_are_recognized() -> None:
+    from flatbench.config import ModelConfig
+    from flatbench.models import build_model
+
+    for cfg, shape in ((ModelConfig(name="mlp", widths=(8,), batch_norm=True), (1, 6, 6)),
+                       (ModelConfig(name="lenet"), (1, 28, 28)),
+                       (ModelConfig(name="wrn", depth=10, width=1), (3, 8, 8))):
+        model = build_model(cfg, shape, 10)
+        assert exact_applicable(model.eval())[0], cfg.name
+        if cfg.name != "lenet":
+            assert not exact_applicable(model.train())[0], cfg.name
+
+
+@pytest.mark.parametrize("mode", ["rev_fwd", "fwd_rev", "double_backward"])
+@pytest.mark.parametrize("name", ["mlp_bn", "resnet"])
+def test_hvp_matches_full_hessian(name: str, mode: str) -> None:
+    net, x, y, hess = _case(name, "normalized_ce", "random")
+    v = torch.randn(hess.shape[0], generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    hv = hvp(net, x, y, get_loss("normalized_ce"), v, chunk_size=6, mode=mode)
+    assert isinstance(hv, Tensor) and _rel(hv, hess @ v) < 1e-10
+    pieces = torch.split(v, [p.numel() for p in net.parameters()])
+    as_dict = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), pieces)}
+    hv_dict = hvp(net, x, y, get_loss("normalized_ce"), as_dict, mode=mode)
+    assert _rel(_flat(hv_dict, net), hess @ v) < 1e-10
+
+
+def test_hutchinson_trace_within_three_standard_errors() -> None:
+    net, x, y, hess = _case("lenet", "ce", "random")
+    exact = hessian_diagonal(net, x, y, get_loss("ce")).trace()
+    out = hutchinson_trace(net, x, y, get_loss("ce"), generator=torch.Generator().manual_seed(5), probes=100)
+    assert out["probes"] == 100 and out["stderr"] > 0
+    assert abs(out["mean"] - exact) < 3 * out["stderr"]
+    first = hutchinson_trace(net, x, y, get_loss("ce"), generator=torch.Generator().manual_seed(5), probes=10)
+    again = hutchinson_trace(net, x, y, get_loss("ce"), generator=torch.Generator().manual_seed(5), probes=10)
+    assert again == first  # deterministic given the generator
+    adaptive = hutchinson_trace(net, x, y, get_loss("ce"), generator=torch.Generator().manual_seed(6),
+                                rtol=0.1, max_probes=500)
+    assert adaptive["probes"] < 500 and adaptive["stderr"] <= 0.1 * abs(adaptive["mean"])
+
+
+@pytest.mark.parametrize("loss_name", ["ce", "normalized_ce"])
+def test_lanczos_top_eigenvalues(loss_name: str) -> None:
+    net, x, y, hess = _case("resnet", loss_name, "random")
+    evals = torch.linalg.eigvalsh(hess)
+    out = lanczos(net, x, y, get_loss(loss_name), k=2, iters=100, tol=1e-8,
+                  generator=torch.Generator().manual_seed(7))
+    assert out["converged"] and out["iterations"] <= 100
+    assert out["eigenvalues"][0] == pytest.approx(float(evals[-1]), rel=1e-4)
+    assert out["eigenvalues"][1] == pytest.approx(float(evals[-2]), rel=1e-4)
+    again = lanczos(net, x, y, get_loss(loss_name), k=2, iters=100, tol=1e-8,
+                    generator=torch.Generator().manual_seed(7))
+    assert again == out
+
+
+def test_measures_through_the_registry() -> None:
+    net, x, y, _ = _case("mlp_bn", "ce", "random")
+    ctx = MeasureContext(model=net, inputs=x, targets=y, num_classes=C, chunk_size=7)
+    for loss_name in ("ce", "normalized_ce"):
+        hess = _full_hessian(net, x, y, get_loss(loss_name))
+        suffix = "" if loss_name == "ce" else "@normalized_ce"
+        spec = get_measure("hessian_trace")
+        entry = compute_entry(ctx, spec, dict(spec.defaults), loss_name)
+        assert entry["status"] == "ok", entry
+        assert entry["info"]["method"] == "exact"
+        assert entry["values"][f"hessian_trace{suffix}"] == pytest.approx(float(hess.trace()), rel=1e-8)
+        assert f"hessian_trace{suffix}/0.weight" in entry["values"]
+        spec = get_measure("hessian_max_eig")
+        entry = compute_entry(ctx, spec, {**spec.defaults, "tol": 1e-8}, loss_name)
+        assert entry["status"] == "ok", entry
+        assert entry["values"][f"hessian_max_eig{suffix}"] == pytest.approx(
+            float(torch.linalg.eigvalsh(hess)[-1]), rel=1e-4)
+        assert entry["info"]["converged"] and entry["info"]["iterations"] >= 1
+    # the diagonal is computed once per loss and shared through the cache
+    first = diagonal_for(ctx.for_measure("x", {}, loss_name="ce"))
+    assert isinstance(first, DiagonalResult)
+    assert diagonal_for(ctx.for_measure("y", {}, loss_name="ce")) is first
+    assert diagonal_for(ctx.for_measure("y", {}, loss_name="normalized_ce")) is not first
+
+
+def test_hessian_trace_hutchinson_setting_and_not_applicable() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, C)).double().eval()
+    x = torch.randn(N, 6, dtype=torch.float64)
+    y = torch.randint(0, C, (N,))
+    ctx = MeasureContext(model=net, inputs=x, targets=y, num_classes=C)
+    spec = get_measure("hessian_trace")
+    entry = compute_entry(ctx, spec, {**spec.defaults, "method": "exact"}, "ce")
+    assert entry["status"] == "not_applicable" and "Tanh" in entry["reason"]
+    entry = compute_entry(ctx, spec, {**spec.defaults, "method": "hutchinson", "probes": 20}, "ce")
+    assert entry["status"] == "ok" and entry["info"]["method"] == "hutchinson"
+    assert entry["info"]["probes"] == 20 and entry["info"]["stderr"] > 0
+
+
+def test_lanczos_on_an_exhausted_krylov_space() -> None:
+    """One example through a bias-free linear layer: H = (diag p − ppᵀ) ⊗ xxᵀ has rank 2, so the Krylov
+    space is invariant after two steps; the third wanted eigenvalue is 0 and comes from a restart."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 3, bias=False)).double()
+    x = torch.randn(1, 3, dtype=torch.float64)
+    y = torch.tensor([0])
+    p = torch.softmax(net(x), 1)[0].detach()
+    evals = torch.linalg.eigvalsh(torch.kron(torch.diag(p) - torch.outer(p, p), torch.outer(x[0], x[0])))
+    out = lanczos(net, x, y, get_loss("ce"), k=3, iters=20, generator=torch.Generator().manual_seed(0))
+    assert out["converged"] and out["iterations"] <= 4
+    assert out["eigenvalues"][:2] == pytest.approx(evals[-2:].flip(0).tolist(), rel=1e-10)
+    assert abs(out["eigenvalues"][2]) < 1e-12
