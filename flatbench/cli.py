@@ -1,8 +1,13 @@
-"""The `flatbench` command line: run | train | measure | report | list-measures.
+"""The `flatbench` command line: run | train | measure | report | status | list-measures.
 
 Errors the user can fix (`FlatbenchError`) are printed as one line on stderr with exit code 2; nothing
-that already finished is touched. A preempted training (SIGTERM/SIGUSR1) exits with 143 after its last
-checkpoint, ready to be resumed by the same command.
+that already finished is touched. A preempted training (SIGTERM/SIGUSR1/SIGUSR2) exits with 143 after its
+last checkpoint, ready to be resumed by the same command.
+
+On a cluster: `--shard I/N` runs one of N disjoint slices of the sweep (for a hand-written
+`sbatch --array`, see scripts/slurm_array.sh); `--executor slurm` submits the sweep as one Slurm job array
+through submitit and returns at once (`--executor local`: the same through local processes);
+`flatbench status EXPERIMENT` shows how far it is.
 """
 
 from __future__ import annotations
@@ -20,6 +25,37 @@ OUT = click.option("--out", default=None, help="Results root (default: the confi
 QUIET = click.option("--quiet", is_flag=True, help="No progress bars: one line per run (for cluster logs).")
 SHARD = click.option("--shard", default=None, metavar="I/N", help="Only the I-th of N disjoint slices of the sweep.")
 OVERRIDES = click.argument("overrides", nargs=-1)
+
+
+def CLUSTER(f):  # noqa: N802 - a decorator like the ones above
+    """The --executor options shared by `train` and `measure`."""
+    options = [
+        click.option("--executor", type=click.Choice(["local", "slurm"]), default=None,
+                     help="Submit the runs as a job array through submitit and return at once: slurm, or local "
+                          "(processes on this machine). Logs go to EXPERIMENT/<executor>/."),
+        click.option("--partition", default=None, help="Slurm partition (default: the cluster's default)."),
+        click.option("--gpus-per-task", type=int, default=0, show_default=True, help="GPUs per array task."),
+        click.option("--cpus-per-task", type=int, default=None, help="CPU cores per array task."),
+        click.option("--mem-gb", type=float, default=None, help="Memory per array task, in GB."),
+        click.option("--time", "time_min", type=int, default=120, show_default=True,
+                     help="Time limit per array task, in minutes (a task near its limit checkpoints and is requeued)."),
+        click.option("--array-parallelism", type=int, default=None,
+                     help="At most this many array tasks at once (default: submitit's 256)."),
+        click.option("--runs-per-task", type=int, default=1, show_default=True,
+                     help="Runs per array task (with train.vectorize, the group size keeps each group in one task)."),
+        click.option("--wait", is_flag=True, help="With --executor: wait until every task has ended."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _cluster_options(partition, gpus_per_task, cpus_per_task, mem_gb, time_min, array_parallelism, runs_per_task):
+    from flatbench.cluster import ClusterOptions
+
+    return ClusterOptions(partition=partition, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task,
+                          mem_gb=mem_gb, time_min=time_min, array_parallelism=array_parallelism,
+                          runs_per_task=runs_per_task)
 
 
 def _echo(msg: str) -> None:
@@ -63,13 +99,28 @@ def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, q
 @DEVICE
 @QUIET
 @SHARD
+@CLUSTER
 def train(config: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-          shard: str | None) -> None:
-    """Train every unfinished run of a study: CONFIG [KEY=VALUE ...]."""
+          shard: str | None, executor: str | None, partition: str | None, gpus_per_task: int,
+          cpus_per_task: int | None, mem_gb: float | None, time_min: int, array_parallelism: int | None,
+          runs_per_task: int, wait: bool) -> None:
+    """Train every unfinished run of a study: CONFIG [KEY=VALUE ...].
+
+    Runs that differ only in seed and random labels train several at once on a GPU (train.vectorize).
+    With --executor the runs are submitted as a job array instead (see `flatbench status`).
+    """
     from flatbench.study import parse_shard, study_from_target, train_study
     from flatbench.train import resolve_device
 
     study = study_from_target(config, overrides, out=out)
+    if executor:
+        from flatbench.cluster import submit_and_report
+
+        opts = _cluster_options(partition, gpus_per_task, cpus_per_task, mem_gb, time_min, array_parallelism,
+                                runs_per_task)
+        submit_and_report(study, executor, opts, stage="train", device=device, shard=parse_shard(shard),
+                          wait=wait, echo=_echo)
+        return
     outcome = train_study(study, resolve_device(device), shard=parse_shard(shard), quiet=quiet, echo=_echo)
     _echo(f"{len(outcome['trained'])} trained, {len(outcome['skipped'])} already finished, "
           f"{len(outcome['failed'])} failed, {len(outcome['locked'])} locked elsewhere -> {study.exp_dir}")
@@ -85,14 +136,25 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
 @SHARD
 @click.option("--measures", "measures", default=None, help="Comma-separated measures (default: the config's).")
 @click.option("--force", is_flag=True, help="Recompute measures already in measures.json.")
+@CLUSTER
 def measure(target: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-            shard: str | None, measures: str | None, force: bool) -> None:
+            shard: str | None, measures: str | None, force: bool, executor: str | None, partition: str | None,
+            gpus_per_task: int, cpus_per_task: int | None, mem_gb: float | None, time_min: int,
+            array_parallelism: int | None, runs_per_task: int, wait: bool) -> None:
     """Compute measures on the trained runs of TARGET (an experiment folder or a config)."""
     from flatbench.study import measure_study, parse_shard, study_from_target
     from flatbench.train import resolve_device
 
     study = study_from_target(target, overrides, out=out)
     _check_measures(measures)
+    if executor:
+        from flatbench.cluster import submit_and_report
+
+        opts = _cluster_options(partition, gpus_per_task, cpus_per_task, mem_gb, time_min, array_parallelism,
+                                runs_per_task)
+        submit_and_report(study, executor, opts, stage="measure", device=device, shard=parse_shard(shard),
+                          wait=wait, echo=_echo, measures=measures.split(",") if measures else None, force=force)
+        return
     counts = measure_study(study, resolve_device(device), names=measures.split(",") if measures else None,
                            force=force, shard=parse_shard(shard), quiet=quiet, echo=_echo)
     _echo(f"measured {counts['measured']} runs ({counts['not_trained']} not trained yet, "
@@ -122,6 +184,19 @@ def report(experiments: tuple[str, ...], out_dir: str | None, gap: str | None,
     if min_train_acc is not None:
         cfg = replace(cfg, min_train_acc=min_train_acc)
     report_experiment(dirs, Path(out_dir) if out_dir else dirs[0], cfg, echo=_echo)
+
+
+@cli.command()
+@click.argument("experiment")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (counts and every run's state).")
+def status(experiment: str, as_json: bool) -> None:
+    """How many runs of EXPERIMENT are finished, running, preempted, failed or not started."""
+    import json
+
+    from flatbench.cluster import format_status, study_status
+
+    st = study_status(experiment)
+    click.echo(json.dumps(st, indent=2) if as_json else format_status(st))
 
 
 @cli.command("list-measures")

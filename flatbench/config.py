@@ -89,6 +89,17 @@ class TrainConfig:
     """Stop early once the epoch's train accuracy reaches this value."""
     eval_batch_size: int = 2000
     """Batch size for evaluating accuracy and loss (no effect on the result)."""
+    vectorize: int | str = "auto"
+    """auto | off | N: train up to N runs of a sweep at once as one vectorized model (torch.func.vmap). Only
+    runs that differ in nothing but seed and random labels are grouped, and only mlp without batch norm
+    and lenet; each run keeps its own init, labels and batch order and gets the same files as when trained
+    alone (equal weights up to float rounding). auto: groups of 16 on CUDA, off on the CPU (slower there)."""
+    precision: str = "fp32"
+    """fp32 | bf16: bf16 autocast for forward pass and loss; weights, gradients and optimizer state stay fp32."""
+    compile: bool = False
+    """torch.compile the training forward pass (pays off on CUDA for long runs; same math, other rounding)."""
+    channels_last: bool = True
+    """Conv nets on CUDA: channels_last memory format (faster convolutions); no effect elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -132,9 +143,17 @@ class RunConfig:
         return to_plain(self)
 
     def config_hash(self) -> str:
-        """Hash of the training-relevant config (eval batch size excluded: it changes no weight)."""
+        """Hash of the training-relevant config.
+
+        Left out: how the run is executed, not what it computes (eval batch size, vectorize, compile,
+        channels_last: a run may be resumed with other values), and precision at its default fp32, so runs
+        trained before these keys existed keep their hash.
+        """
         d = self.to_dict()
-        d["train"].pop("eval_batch_size", None)
+        for key in EXECUTION_ONLY_KEYS:
+            d["train"].pop(key, None)
+        if d["train"].get("precision") == "fp32":
+            d["train"].pop("precision")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -157,6 +176,9 @@ class Study:
     def run_ids(self) -> list[str]:
         return [rid for rid, _ in self.runs]
 
+
+EXECUTION_ONLY_KEYS = ("eval_batch_size", "vectorize", "compile", "channels_last")
+"""train keys that change how a run is executed but not the model it trains (not in the config hash)."""
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
             "measure": MeasureConfig, "report": ReportConfig}
@@ -337,6 +359,25 @@ def _axis_values(section: str, key: str, value: Any, tp: Any) -> list[Any]:
     return [_coerce(v, tp, where) for v in values]
 
 
+def parse_vectorize(value: Any) -> int | str:
+    """`train.vectorize` in its one typed form: "auto", "off" or a group size N ≥ 1 (an int).
+
+    YAML reads a bare `off` as false (and `on` as true), so booleans are accepted as off / auto; "8" is 8.
+    """
+    where = "train.vectorize"
+    if isinstance(value, bool):
+        return "auto" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in ("auto", "off"):
+        return value.strip().lower()
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and value >= 1:
+        return value
+    raise ConfigError(f"{where} must be auto, off or a group size N ≥ 1, got {value!r}")
+
+
 def _validate_choices(run: RunConfig) -> None:
     from flatbench.data import DATASETS
     from flatbench.models import MODELS
@@ -347,7 +388,8 @@ def _validate_choices(run: RunConfig) -> None:
         raise ConfigError(f"unknown model '{run.model.name}' (available: {', '.join(sorted(MODELS))})")
     choices = {"data.random_label_scheme": (run.data.random_label_scheme, ("uniform", "shuffle", "wrong")),
                "train.optimizer": (run.train.optimizer, ("adam", "sgd")),
-               "train.schedule": (run.train.schedule, ("none", "cosine", "step"))}
+               "train.schedule": (run.train.schedule, ("none", "cosine", "step")),
+               "train.precision": (run.train.precision, ("fp32", "bf16"))}
     for where, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{where}: unknown value '{value}' (choose one of: {', '.join(allowed)})")
@@ -438,6 +480,8 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None) 
         for key, value in given.items():
             if section == "data" and key == "random_label_ratio":
                 values = _ratio_values(value, seeds)
+            elif section == "train" and key == "vectorize":
+                values = [parse_vectorize(v) for v in (value if isinstance(value, list) else [value])]
             else:
                 values = _axis_values(section, key, value, types[key])
             axes.append((section, key, values))
@@ -490,6 +534,9 @@ def run_config_from_dict(d: dict) -> RunConfig:
     """Rebuild a RunConfig from the `config` stored in run.json."""
     def build(cls: type, values: dict) -> Any:
         types = _field_types(cls)
+        values = dict(values)
+        if cls is TrainConfig and "vectorize" in values:
+            values["vectorize"] = parse_vectorize(values["vectorize"])
         return cls(**{k: _coerce(v, types[k], k) for k, v in values.items() if k in types})
 
     return RunConfig(seed=int(d.get("seed", 0)), data=build(DataConfig, d.get("data", {})),
@@ -513,7 +560,7 @@ def config_reference() -> str:
             if isinstance(node, ast.AnnAssign) and i + 1 < len(body):
                 nxt = body[i + 1]
                 if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-                    docs[node.target.id] = str(nxt.value.value)
+                    docs[node.target.id] = " ".join(str(nxt.value.value).split())  # one table row
         types = _field_types(cls)
         for f in fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -64,32 +64,58 @@ def study_from_target(target: str | Path, overrides: tuple[str, ...] = (), out: 
 
 
 def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | None = None,
-                quiet: bool = False, echo: Echo = print) -> dict[str, list[str]]:
-    """Train every unfinished run of the (shard of the) study; returns run ids by outcome."""
+                quiet: bool = False, echo: Echo = print, run_ids: list[str] | None = None) -> dict[str, list[str]]:
+    """Train every unfinished run of the (shard of the) study; returns run ids by outcome.
+
+    Runs that `train.vectorize` groups (see `flatbench.vectorized`) train at once, the others one after
+    another; both write the same files. `run_ids` restricts the study to those runs (cluster tasks).
+    """
     from flatbench.train import Preempted, train_run
+    from flatbench.vectorized import plan_groups, train_group
 
     save_study(study)
     outcome: dict[str, list[str]] = {"trained": [], "skipped": [], "locked": [], "failed": []}
     runs = shard_runs(study, shard)
-    for i, (rid, cfg) in enumerate(runs, 1):
-        path = run_dir(study.exp_dir, rid)
-        if is_finished(path):
+    if run_ids is not None:
+        wanted = set(run_ids)
+        runs = [(rid, cfg) for rid, cfg in runs if rid in wanted]
+    pending = []
+    for rid, cfg in runs:
+        if is_finished(run_dir(study.exp_dir, rid)):
             outcome["skipped"].append(rid)
-            continue
+        else:
+            pending.append((rid, cfg))
+    done = len(outcome["skipped"])
+    for group in plan_groups(pending, device):
+        ids = [rid for rid, _ in group]
         if not quiet:
-            echo(f"[{i}/{len(runs)}] training {rid}")
+            what = f"training {ids[0]}" if len(ids) == 1 else f"training {len(ids)} runs at once: {', '.join(ids)}"
+            echo(f"[{done + 1}/{len(runs)}] {what}" if len(ids) == 1 else
+                 f"[{done + 1}-{done + len(ids)}/{len(runs)}] {what}")
+        done += len(ids)
         try:
-            train_run(rid, cfg, path, device, sweep_axes=study.sweep_axes, progress=not quiet, echo=echo)
-            outcome["trained"].append(rid)
+            if len(group) == 1:
+                rid, cfg = group[0]
+                train_run(rid, cfg, run_dir(study.exp_dir, rid), device, sweep_axes=study.sweep_axes,
+                          progress=not quiet, echo=echo)
+                outcome["trained"].append(rid)
+            else:
+                result = train_group(group, study.exp_dir, device, sweep_axes=study.sweep_axes,
+                                     progress=not quiet, echo=echo)
+                for key, values in result.items():
+                    outcome[key].extend(values)
         except RunLocked as exc:
-            echo(f"skipping {rid}: {exc}")
-            outcome["locked"].append(rid)
+            echo(f"skipping {ids[0]}: {exc}")
+            outcome["locked"].append(ids[0])
         except (FlatbenchError, Preempted):
             raise
         except Exception as exc:  # noqa: BLE001 - one broken run must not stop the sweep
-            _mark_failed(path, exc)
-            echo(f"run {rid} failed: {type(exc).__name__}: {exc}")
-            outcome["failed"].append(rid)
+            for rid in ids:
+                path = run_dir(study.exp_dir, rid)
+                if not is_finished(path):
+                    _mark_failed(path, exc)
+                    echo(f"run {rid} failed: {type(exc).__name__}: {exc}")
+                    outcome["failed"].append(rid)
     return outcome
 
 
@@ -102,8 +128,10 @@ def _mark_failed(path: Path, exc: BaseException) -> None:
 
 
 def measure_study(study: Study, device: torch.device, *, names: list[str] | None = None, force: bool = False,
-                  shard: tuple[int, int] | None = None, quiet: bool = False, echo: Echo = print) -> dict:
-    """Compute the configured (or given) measures on every finished run; returns counts."""
+                  shard: tuple[int, int] | None = None, quiet: bool = False, echo: Echo = print,
+                  run_ids: list[str] | None = None) -> dict:
+    """Compute the configured (or given) measures on every finished run (of the shard, or of `run_ids`);
+    returns counts."""
     from flatbench.measures.registry import resolve_names
     from flatbench.measures.runner import check_settings, measure_run
 
@@ -111,6 +139,8 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
     check_settings(chosen, study.measure)
     counts = {"measured": 0, "not_trained": 0, "errors": 0}
     for rid, _cfg in shard_runs(study, shard):
+        if run_ids is not None and rid not in run_ids:
+            continue
         path = run_dir(study.exp_dir, rid)
         if not is_finished(path):
             counts["not_trained"] += 1

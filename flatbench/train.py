@@ -5,9 +5,15 @@ order, augmentation and dropout come from seeds derived from (run id, epoch). A 
 epoch-k checkpoint therefore replays epochs k+1… exactly as an uninterrupted run does, and ends with
 bit-identical weights on the CPU.
 
-Preemption: SIGTERM / SIGUSR1 (what Slurm sends before a preemption or the time limit) stops training at
-the next batch; the last epoch checkpoint stays on disk, the run is marked `preempted` and the process
-exits so that it can be requeued. Re-running resumes from the checkpoint.
+Preemption: SIGTERM / SIGUSR1 (what Slurm sends before a preemption or the time limit) or SIGUSR2
+(submitit's preemption and timeout signal) stops training at the next batch; the last epoch checkpoint
+stays on disk, the run is marked `preempted` and the process exits so that it can be requeued (the CLI
+with exit code 143; a submitit job requeues itself, see `flatbench.cluster`). Re-running resumes from
+the checkpoint.
+
+Speed (`train.precision`, `train.compile`, `train.channels_last`): the data sit on the device and batches
+are index slices, loss and accuracy accumulate on the device, so an epoch has no host synchronization
+until its end. Groups of small runs train at once in `flatbench.vectorized`.
 """
 
 from __future__ import annotations
@@ -37,9 +43,18 @@ from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, RunLock, ato
 class Preempted(Exception):
     """Training was asked to stop by a signal; the last epoch checkpoint is on disk."""
 
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2")
+                     if hasattr(signal, name))
+"""Signals that make training checkpoint and stop (Slurm: TERM, USR1 via --signal; submitit: USR2)."""
+
 
 class _StopFlag:
-    """Set by SIGTERM/SIGUSR1 while a run trains; checked between batches."""
+    """Set by SIGTERM/SIGUSR1/SIGUSR2 while a run trains; checked between batches."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -50,12 +65,17 @@ class _StopFlag:
             import threading
 
             if threading.current_thread() is threading.main_thread():
-                for sig in (signal.SIGTERM, signal.SIGUSR1):
+                for sig in STOP_SIGNALS:
                     self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.signal = signum
+
+    def check(self) -> None:
+        """Raise `Preempted` if a stop signal arrived."""
+        if self.signal is not None:
+            raise Preempted(f"signal {self.signal}", self.signal)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
@@ -71,10 +91,16 @@ def resolve_device(device: str) -> torch.device:
 
 
 def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    return make_optimizer_for(model.parameters(), cfg)
+
+
+def make_optimizer_for(params: Any, cfg: RunConfig) -> torch.optim.Optimizer:
+    """The run's optimizer over `params` (also used on a vectorized group's stacked parameters: Adam and
+    SGD act elementwise, so one optimizer over stacked tensors is one optimizer per run)."""
     t = cfg.train
     if t.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, nesterov=t.nesterov,
+        return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, nesterov=t.nesterov,
                            weight_decay=t.weight_decay)
 
 
@@ -96,6 +122,29 @@ def init_model(run_id: str, cfg: RunConfig, input_shape: tuple[int, ...], num_cl
         torch.manual_seed(derive_seed("init", run_id, cfg.seed))
         model = build_model(cfg.model, input_shape, num_classes)
     return model.to(device)
+
+
+def uses_channels_last(model: nn.Module, cfg: RunConfig, device: torch.device) -> bool:
+    """channels_last pays for convolutions on CUDA only."""
+    return (cfg.train.channels_last and device.type == "cuda"
+            and any(isinstance(m, nn.Conv2d) for m in model.modules()))
+
+
+def training_forward(model: nn.Module, cfg: RunConfig, device: torch.device
+                     ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Prepare `model` for training on `device` (channels_last in place) and return the forward to train
+    with: the model itself, or its `torch.compile`d version. Weights, state_dict and optimizer stay the
+    model's own, so checkpoints are the same either way."""
+    if uses_channels_last(model, cfg, device):
+        model.to(memory_format=torch.channels_last)
+    if cfg.train.compile:
+        return torch.compile(model)
+    return model
+
+
+def autocast(cfg: RunConfig, device: torch.device) -> Any:
+    """bf16 autocast when `train.precision` is bf16, else a no-op context."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
 
 
 @torch.no_grad()
@@ -129,9 +178,16 @@ class EpochStats:
 
 
 def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, ds: Any, cfg: RunConfig, run_id: str,
-                epoch: int, stop: _StopFlag) -> EpochStats:
-    """One pass over the training set; loss/accuracy accumulate on the device (no per-step sync)."""
+                epoch: int, stop: _StopFlag, forward: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> EpochStats:
+    """One pass over the training set; loss/accuracy accumulate on the device (no per-step sync).
+
+    `forward` (default: the model) is what computes the logits, e.g. from `training_forward`.
+    """
     from flatbench.data import augment_batch, epoch_batches
+
+    forward = forward if forward is not None else model
+    channels_last = uses_channels_last(model, cfg, ds.x_train.device)
 
     device = ds.x_train.device
     gen = make_generator("batches", run_id, cfg.seed, epoch, device=device)
@@ -143,14 +199,16 @@ def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, ds: Any, cfg: RunC
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.long, device=device)
     for idx in epoch_batches(ds.n_train, cfg.train.batch_size, gen):
-        if stop.signal is not None:
-            raise Preempted(f"signal {stop.signal}")
+        stop.check()
         x = ds.x_train[idx]
         if cfg.data.augment:
             x = augment_batch(x, aug_gen, flip=flip, pad=pad)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         y = ds.y_train[idx]
-        logits = model(x)
-        loss = F.cross_entropy(logits, y)
+        with autocast(cfg, device):
+            logits = forward(x)
+            loss = F.cross_entropy(logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -208,22 +266,13 @@ def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device,
     if state == "finished":
         return read_json(run_path / RUN_JSON)
     with RunLock(run_path), _StopFlag() as stop:
+        if check_run_dir(run_path, run_id, cfg) == "finished":  # finished by another job while we waited
+            return read_json(run_path / RUN_JSON)
         ds = load_dataset(cfg.data, cfg.seed, device=device)
-        model = init_model(run_id, cfg, ds.input_shape, ds.num_classes, device)
-        opt = make_optimizer(model, cfg)
-        sched = make_scheduler(opt, cfg)
+        model, opt, sched, start_epoch, history = restore_run(run_id, cfg, run_path, ds, device)
+        forward = training_forward(model, cfg, device)
         ckpt_path = run_path / CHECKPOINT_FILE
-        start_epoch, history = 0, []
-        if ckpt_path.is_file():
-            start_epoch, history = _load_checkpoint(ckpt_path, model, opt, sched, cfg.config_hash(), device)
-        info: dict[str, Any] = {
-            "run_id": run_id, "status": "running", "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
-            "sweep_axes": list(sweep_axes),
-            "dataset": {"name": ds.name, "num_classes": ds.num_classes, "input_shape": list(ds.input_shape),
-                        "n_train": ds.n_train, "n_test": ds.n_test},
-            "labels": ds.label_info, "device": str(device), "host": socket.gethostname(),
-            "versions": library_versions(), "history": history,
-        }
+        info = start_info(run_id, cfg, ds, device, sweep_axes, history)
         atomic_write_json(run_path / RUN_JSON, info)
         bar = None
         if progress:
@@ -240,7 +289,7 @@ def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device,
                         and history[-1]["train_acc"] >= cfg.train.target_train_acc:
                     break
                 e0 = time.perf_counter()
-                stats = train_epoch(model, opt, ds, cfg, run_id, epoch, stop)
+                stats = train_epoch(model, opt, ds, cfg, run_id, epoch, stop, forward)
                 if sched is not None:
                     sched.step()
                 epoch += 1
@@ -257,21 +306,57 @@ def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device,
         finally:
             if bar is not None:
                 bar.close()
-        train_loss, train_acc = evaluate(model, ds.x_train, ds.y_train, cfg.train.eval_batch_size)
-        test_loss, test_acc = evaluate(model, ds.x_test, ds.y_test, cfg.train.eval_batch_size)
-        atomic_torch_save(run_path / MODEL_FILE, {"state_dict": model.state_dict(), "run_id": run_id,
-                                                  "config": cfg.to_dict(), "input_shape": list(ds.input_shape),
-                                                  "num_classes": ds.num_classes})
-        info.update(status="finished", history=history, epochs=epoch, train_acc=train_acc, train_loss=train_loss,
-                    test_acc=test_acc, test_loss=test_loss, gap_acc=train_acc - test_acc,
-                    gap_loss=test_loss - train_loss if math.isfinite(test_loss) else float("nan"),
-                    seconds=round(prior_seconds + time.perf_counter() - t0, 3))
-        atomic_write_json(run_path / RUN_JSON, info)
-        ckpt_path.unlink(missing_ok=True)
-        if not progress:
-            echo(f"{run_id}: train acc {train_acc:.3f}, test acc {test_acc:.3f}, gap {train_acc - test_acc:.3f}"
-                 f" ({epoch} epochs, {info['seconds']:.1f}s)")
-        return info
+        return finish_run(run_id, cfg, run_path, model, ds, info, history, epoch,
+                          prior_seconds + time.perf_counter() - t0, progress=progress, echo=echo)
+
+
+def restore_run(run_id: str, cfg: RunConfig, run_path: Path, ds: Any, device: torch.device
+                ) -> tuple[nn.Module, torch.optim.Optimizer, Any, int, list[dict]]:
+    """The run's model, optimizer and scheduler: fresh (seeded init), or from its epoch checkpoint."""
+    model = init_model(run_id, cfg, ds.input_shape, ds.num_classes, device)
+    opt = make_optimizer(model, cfg)
+    sched = make_scheduler(opt, cfg)
+    ckpt_path = Path(run_path) / CHECKPOINT_FILE
+    start_epoch, history = 0, []
+    if ckpt_path.is_file():
+        start_epoch, history = _load_checkpoint(ckpt_path, model, opt, sched, cfg.config_hash(), device)
+    return model, opt, sched, start_epoch, history
+
+
+def start_info(run_id: str, cfg: RunConfig, ds: Any, device: torch.device, sweep_axes: tuple | list,
+               history: list[dict]) -> dict[str, Any]:
+    """run.json while the run trains (status `running`)."""
+    return {
+        "run_id": run_id, "status": "running", "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
+        "sweep_axes": list(sweep_axes),
+        "dataset": {"name": ds.name, "num_classes": ds.num_classes, "input_shape": list(ds.input_shape),
+                    "n_train": ds.n_train, "n_test": ds.n_test},
+        "labels": ds.label_info, "device": str(device), "host": socket.gethostname(),
+        "versions": library_versions(), "history": history,
+    }
+
+
+def finish_run(run_id: str, cfg: RunConfig, run_path: Path, model: nn.Module, ds: Any, info: dict[str, Any],
+               history: list[dict], epoch: int, seconds: float, *, progress: bool = True,
+               echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Evaluate the trained model, write model.pt and the final run.json, drop the checkpoint."""
+    run_path = Path(run_path)
+    train_loss, train_acc = evaluate(model, ds.x_train, ds.y_train, cfg.train.eval_batch_size)
+    test_loss, test_acc = evaluate(model, ds.x_test, ds.y_test, cfg.train.eval_batch_size)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}  # channels_last → standard layout
+    atomic_torch_save(run_path / MODEL_FILE, {"state_dict": state, "run_id": run_id,
+                                              "config": cfg.to_dict(), "input_shape": list(ds.input_shape),
+                                              "num_classes": ds.num_classes})
+    info.update(status="finished", history=history, epochs=epoch, train_acc=train_acc, train_loss=train_loss,
+                test_acc=test_acc, test_loss=test_loss, gap_acc=train_acc - test_acc,
+                gap_loss=test_loss - train_loss if math.isfinite(test_loss) else float("nan"),
+                seconds=round(seconds, 3))
+    atomic_write_json(run_path / RUN_JSON, info)
+    (run_path / CHECKPOINT_FILE).unlink(missing_ok=True)
+    if not progress:
+        echo(f"{run_id}: train acc {train_acc:.3f}, test acc {test_acc:.3f}, gap {train_acc - test_acc:.3f}"
+             f" ({epoch} epochs, {info['seconds']:.1f}s)")
+    return info
 
 
 def load_model(run_path: str | Path, device: str | torch.device = "cpu") -> nn.Module:

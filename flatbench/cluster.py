@@ -1,0 +1,395 @@
+"""Running a study on a cluster: a Slurm job array through submitit, and where a study stands.
+
+`flatbench train CONFIG --executor slurm` submits the unfinished runs of the sweep as one Slurm job array
+and returns at once; each array task trains `--runs-per-task` runs through the same
+`study.train_study` (so vectorized groups, locks, checkpoints and files are exactly those of a local
+run). `--executor local` runs the same tasks through submitit's LocalExecutor, as processes on this
+machine (what the tests use). The logs of the tasks go to `<experiment>/<executor>/` (submitit's
+`<job id>_<task>_log.out` / `.err`), and `flatbench status EXPERIMENT` counts runs by state.
+
+Preemption and time limits: submitit asks Slurm to send SIGUSR2 shortly before the time limit
+(`--signal USR2@<delay>`) and on preemption. The training loop treats it like SIGTERM: it stops at the
+next batch with the last epoch checkpoint on disk and marks the run `preempted`; the task then hands
+over to submitit, which calls `StudyTask.checkpoint()` (a `submitit.helpers.Checkpointable`) and
+requeues the task. The requeued task trains the same runs, each resuming from its checkpoint. Two
+tasks never train one run at once (a lock file per run, stale locks taken over), so a task that is
+started twice, or a hand-written `--shard` job next to an array, does no harm.
+
+No job scheduler is built here: submitit talks to Slurm (sbatch, squeue, scontrol). Jobs run
+`sys.executable` (this environment's Python) in the directory `flatbench` was called from, with the
+caller's environment (FLATBENCH_DATA and the like).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from flatbench.errors import ConfigError, FlatbenchError
+
+EXECUTORS = ("local", "slurm")
+
+Echo = Callable[[str], None]
+
+
+# ---------------------------------------------------------------- the submitted callable
+
+
+def _submitit():
+    try:
+        import submitit
+    except ImportError:  # a dependency; checked for a clear message anyway
+        raise FlatbenchError("--executor needs the submitit package: pip install submitit") from None
+    return submitit
+
+
+def _checkpointable_base() -> type:
+    try:
+        from submitit.helpers import Checkpointable
+    except ImportError:
+        return object
+    return Checkpointable
+
+
+class StudyTask(_checkpointable_base()):  # type: ignore[misc]
+    """One array task: train (or measure) the given runs of a study.
+
+    Picklable (a module-level class holding plain data): the study's resolved raw config, its name and
+    absolute results root, the run ids, the device and, for measuring, the measures to compute.
+    Calling it runs `train_study` / `measure_study` on those runs and returns the outcome; it raises if
+    a run failed, so the scheduler shows the task as failed.
+    """
+
+    def __init__(self, stage: str, raw: dict, name: str, out: str, run_ids: list[str], device: str = "auto",
+                 measures: list[str] | None = None, force: bool = False):
+        if stage not in ("train", "measure"):
+            raise ValueError(f"unknown stage {stage!r}")
+        self.stage = stage
+        self.raw = raw
+        self.name = name
+        self.out = out
+        self.run_ids = list(run_ids)
+        self.device = device
+        self.measures = measures
+        self.force = force
+
+    def __repr__(self) -> str:
+        return f"StudyTask({self.stage} {self.name}: {', '.join(self.run_ids)})"
+
+    def __call__(self) -> dict[str, Any]:
+        from flatbench.config import parse_study
+        from flatbench.study import measure_study, train_study
+        from flatbench.train import Preempted, resolve_device
+
+        def echo(msg: str) -> None:
+            print(msg, flush=True)
+
+        study = parse_study(self.raw, default_name=self.name, out=self.out)
+        device = resolve_device(self.device)
+        echo(f"{self.stage} {len(self.run_ids)} run(s) of {study.exp_dir} on {device}: {', '.join(self.run_ids)}")
+        requeue_signal, requeue_handler = _submitit_requeue_handler()
+        try:
+            if self.stage == "measure":
+                counts = measure_study(study, device, names=self.measures, force=self.force, quiet=True,
+                                       echo=echo, run_ids=self.run_ids)
+                echo(f"measured {counts['measured']} runs ({counts['not_trained']} not trained yet)")
+                return counts
+            outcome = train_study(study, device, quiet=True, echo=echo, run_ids=self.run_ids)
+        except Preempted as exc:
+            if requeue_handler is not None and exc.signum == requeue_signal:
+                echo(f"preempted ({exc}): checkpoints saved; asking submitit to requeue this task")
+                requeue_handler(exc.signum, None)  # calls self.checkpoint(), requeues, exits
+            raise
+        echo(f"{len(outcome['trained'])} trained, {len(outcome['skipped'])} already finished, "
+             f"{len(outcome['failed'])} failed, {len(outcome['locked'])} locked elsewhere")
+        if outcome["failed"]:
+            raise FlatbenchError(f"{len(outcome['failed'])} run(s) failed: {', '.join(outcome['failed'])} "
+                                 "(see their run.json)")
+        return outcome
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit on preemption or timeout: requeue this same task. Nothing else needs saving:
+        every run keeps its own epoch checkpoint on disk, and the requeued task resumes from them."""
+        submitit = _submitit()
+        return submitit.helpers.DelayedSubmission(
+            StudyTask(self.stage, self.raw, self.name, self.out, self.run_ids, self.device, self.measures,
+                      self.force))
+
+
+def _submitit_requeue_handler() -> tuple[int | None, Any]:
+    """(signal, handler) of submitit's checkpoint-and-requeue, when running inside a submitit job."""
+    if not os.environ.get("SUBMITIT_FOLDER"):
+        return None, None
+    try:
+        from submitit import JobEnvironment
+
+        sig = JobEnvironment._usr_sig()
+    except Exception:  # noqa: BLE001 - not inside a job after all
+        return None, None
+    handler = signal.getsignal(sig)
+    return (int(sig), handler) if callable(handler) else (None, None)
+
+
+# ---------------------------------------------------------------- submitting
+
+
+@dataclass
+class ClusterOptions:
+    """Resources of each array task (the CLI's --partition, --gpus-per-task, ...)."""
+
+    partition: str | None = None
+    """Slurm partition (default: the cluster's default partition)."""
+    gpus_per_task: int = 0
+    """GPUs per array task (0: CPU only)."""
+    cpus_per_task: int | None = None
+    """CPU cores per array task (default: the scheduler's)."""
+    mem_gb: float | None = None
+    """Memory per array task in GB (default: the scheduler's)."""
+    time_min: int = 120
+    """Time limit of each array task, in minutes."""
+    array_parallelism: int | None = None
+    """At most this many array tasks run at once (default: submitit's, 256)."""
+    runs_per_task: int = 1
+    """Runs per array task; with vectorized training use the group size (e.g. 16) so a group is one task."""
+    signal_delay_s: int = 120
+    """Seconds before the time limit at which the task is told to checkpoint (SIGUSR2) and requeued."""
+    extra: dict = field(default_factory=dict)
+    """Further submitit parameters (e.g. {"slurm_account": "abc"})."""
+
+    def check(self) -> None:
+        if self.runs_per_task < 1:
+            raise ConfigError(f"--runs-per-task must be at least 1, got {self.runs_per_task}")
+        if self.gpus_per_task < 0:
+            raise ConfigError(f"--gpus-per-task must be 0 or more, got {self.gpus_per_task}")
+        if self.time_min < 1:
+            raise ConfigError(f"--time must be at least 1 minute, got {self.time_min}")
+        if self.array_parallelism is not None and self.array_parallelism < 1:
+            raise ConfigError(f"--array-parallelism must be at least 1, got {self.array_parallelism}")
+
+
+@dataclass
+class Submission:
+    """What `submit_study` submitted: submitit jobs (one per array task) and where their logs go."""
+
+    executor: str
+    jobs: list
+    tasks: list[list[str]]
+    log_dir: Path
+
+    @property
+    def job_id(self) -> str:
+        """The array's job id on Slurm (`123` of `123_0`), the first task's process id locally."""
+        if not self.jobs:
+            return "-"
+        return str(self.jobs[0].job_id).split("_")[0]
+
+    def wait(self) -> list[Any]:
+        """Block until every task ends; their results (a task that raised raises here)."""
+        return [job.result() for job in self.jobs]
+
+
+def chunk_runs(runs: list[tuple[str, Any]], runs_per_task: int) -> list[list[str]]:
+    """Run ids split into tasks of at most `runs_per_task`, runs of one vectorization group kept together."""
+    from flatbench.vectorized import group_key, vectorizable
+
+    order: dict[Any, list[str]] = {}
+    for rid, cfg in runs:
+        key = group_key(cfg) if vectorizable(cfg) else rid
+        order.setdefault(key, []).append(rid)
+    flat = [rid for ids in order.values() for rid in ids]
+    return [flat[i:i + runs_per_task] for i in range(0, len(flat), runs_per_task)]
+
+
+def make_executor(kind: str, folder: Path, name: str, opts: ClusterOptions) -> Any:
+    """A submitit executor: `slurm` (AutoExecutor for Slurm) or `local` (submitit's LocalExecutor)."""
+    submitit = _submitit()
+    if kind not in EXECUTORS:
+        raise ConfigError(f"unknown executor '{kind}' (choose one of: {', '.join(EXECUTORS)})")
+    if kind == "local":
+        executor = submitit.LocalExecutor(folder=str(folder))
+        params: dict[str, Any] = {"timeout_min": int(opts.time_min), "nodes": 1, "tasks_per_node": 1,
+                                  "gpus_per_node": int(opts.gpus_per_task),
+                                  "signal_delay_s": int(opts.signal_delay_s)}
+    else:
+        import shutil
+
+        if shutil.which("sbatch") is None:
+            raise FlatbenchError("--executor slurm needs Slurm's sbatch on PATH (none found); on a machine "
+                                 "without Slurm use --executor local or --shard I/N")
+        executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+        params = {"timeout_min": int(opts.time_min), "name": name, "nodes": 1, "tasks_per_node": 1,
+                  "slurm_signal_delay_s": int(opts.signal_delay_s)}
+        if opts.cpus_per_task:
+            params["cpus_per_task"] = int(opts.cpus_per_task)
+        if opts.gpus_per_task:
+            params["gpus_per_node"] = int(opts.gpus_per_task)
+        if opts.mem_gb:
+            params["mem_gb"] = float(opts.mem_gb)
+        if opts.partition:
+            params["slurm_partition"] = opts.partition
+        if opts.array_parallelism:
+            params["slurm_array_parallelism"] = int(opts.array_parallelism)
+    params.update(opts.extra)
+    try:
+        executor.update_parameters(**params)
+    except (NameError, ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid {kind} executor parameters: {str(exc).splitlines()[0]}") from None
+    return executor
+
+
+def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, *, stage: str = "train",
+                 device: str = "auto", shard: tuple[int, int] | None = None, measures: list[str] | None = None,
+                 force: bool = False) -> Submission:
+    """Submit the study's unfinished runs (train) or finished runs (measure) as one job array; returns at once.
+
+    The tasks run `StudyTask`; their logs go to `<experiment>/<executor>/`.
+    """
+    from flatbench.study import save_study, shard_runs
+    from flatbench.store import is_finished, run_dir
+
+    opts = opts or ClusterOptions()
+    opts.check()
+    save_study(study)
+    runs = shard_runs(study, shard)
+    if stage == "train":
+        todo = [(rid, cfg) for rid, cfg in runs if not is_finished(run_dir(study.exp_dir, rid))]
+    else:
+        todo = [(rid, cfg) for rid, cfg in runs if is_finished(run_dir(study.exp_dir, rid))]
+    tasks = chunk_runs(todo, opts.runs_per_task)
+    log_dir = (study.exp_dir / executor).resolve()
+    if not tasks:
+        return Submission(executor, [], [], log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ex = make_executor(executor, log_dir, f"flatbench-{stage}-{study.name}", opts)
+    out = str(Path(study.out).resolve())
+    raw = dict(study.raw)
+    raw.pop("out", None)
+    jobs = []
+    with ex.batch():  # one job array on Slurm
+        for ids in tasks:
+            jobs.append(ex.submit(StudyTask(stage, raw, study.name, out, ids, device, measures, force)))
+    return Submission(executor, jobs, tasks, log_dir)
+
+
+def submit_and_report(study: Any, executor: str, opts: ClusterOptions, *, stage: str, device: str,
+                      shard: tuple[int, int] | None, wait: bool, echo: Echo, measures: list[str] | None = None,
+                      force: bool = False) -> Submission:
+    """The CLI's --executor path: submit, print the job id and log folder, optionally wait."""
+    sub = submit_study(study, executor, opts, stage=stage, device=device, shard=shard, measures=measures,
+                       force=force)
+    if not sub.jobs:
+        echo(f"nothing to submit: no run to {stage} in {study.exp_dir}")
+        return sub
+    n_runs = sum(len(t) for t in sub.tasks)
+    if executor == "slurm":
+        kind = "one Slurm job array" if len(sub.tasks) > 1 else "one Slurm job"
+    else:
+        kind = "local submitit jobs"
+    echo(f"submitted {n_runs} run(s) to {stage} as {len(sub.tasks)} task(s) ({kind}): job {sub.job_id}")
+    echo(f"logs: {sub.log_dir}/")
+    echo(f"follow with: flatbench status {study.exp_dir}")
+    if wait:
+        failures = []
+        for job, ids in zip(sub.jobs, sub.tasks):
+            try:
+                job.result()
+            except Exception as exc:  # noqa: BLE001 - report every task
+                failures.append(f"task {job.job_id} ({', '.join(ids)}): {str(exc).strip().splitlines()[-1]}")
+        if failures:
+            raise FlatbenchError(f"{len(failures)} task(s) failed: " + "; ".join(failures))
+        echo(f"all {len(sub.tasks)} task(s) finished")
+    return sub
+
+
+# ---------------------------------------------------------------- status
+
+
+STATES = ("finished", "running", "preempted", "failed", "not_started")
+
+
+def _lock_held(run_path: Path) -> bool:
+    from flatbench.store import RunLock
+
+    lock = RunLock(run_path)
+    return lock.path.exists() and not lock._is_stale()
+
+
+def run_state(run_path: Path) -> tuple[str, str | None]:
+    """(state, detail) of one run folder; state is one of STATES.
+
+    running: its lock is held by a live process (or, from another host, a recent one); preempted: stopped
+    with a checkpoint (status `preempted`, or `running` with nobody holding the lock: a killed job);
+    failed: status `failed` (detail: the error).
+    """
+    from flatbench.store import MODEL_FILE, RUN_JSON, read_json
+
+    run_path = Path(run_path)
+    held = _lock_held(run_path)
+    if not (run_path / RUN_JSON).is_file():
+        return ("running", None) if held else ("not_started", None)
+    try:
+        info = read_json(run_path / RUN_JSON)
+    except FlatbenchError as exc:
+        return "failed", str(exc)
+    status = info.get("status")
+    if status == "finished" and (run_path / MODEL_FILE).is_file():
+        return "finished", None
+    if held:
+        return "running", None
+    if status == "failed":
+        return "failed", info.get("error")
+    return "preempted", None
+
+
+def study_status(exp_dir: str | Path) -> dict[str, Any]:
+    """Counts of runs by state, from the experiment's study.yaml run list and the run folders."""
+    from flatbench.store import run_dir
+    from flatbench.study import study_from_target
+
+    exp_dir = Path(exp_dir)
+    study = study_from_target(exp_dir)
+    runs: dict[str, dict] = {}
+    for rid in study.run_ids():
+        state, detail = run_state(run_dir(exp_dir, rid))
+        runs[rid] = {"state": state, **({"detail": detail} if detail else {})}
+    counts = {s: sum(1 for r in runs.values() if r["state"] == s) for s in STATES}
+    logs = [str(exp_dir / k) for k in EXECUTORS if (exp_dir / k).is_dir()]
+    return {"experiment": str(exp_dir), "total": len(runs), "counts": counts, "runs": runs, "logs": logs}
+
+
+def format_status(status: dict[str, Any]) -> str:
+    c = status["counts"]
+    lines = [f"{status['experiment']}: {status['total']} runs"]
+    labels = {"finished": "finished", "running": "running", "preempted": "preempted (resume by re-running)",
+              "failed": "failed", "not_started": "not started"}
+    width = max(len(str(v)) for v in c.values()) if c else 1
+    for state in STATES:
+        lines.append(f"  {c[state]:>{width}}  {labels[state]}")
+    failed = {rid: r for rid, r in status["runs"].items() if r["state"] == "failed"}
+    if failed:
+        lines.append("failed runs:")
+        for rid, r in failed.items():
+            lines.append(f"  {rid}: {r.get('detail') or 'see its run.json'}")
+    for log in status["logs"]:
+        lines.append(f"job logs: {log}/")
+    done = c["finished"] / status["total"] if status["total"] else 1.0
+    lines.append(f"{math.floor(100 * done)}% done")
+    return "\n".join(lines)
+
+
+def wait_for_runs(exp_dir: str | Path, timeout_s: float, poll_s: float = 2.0,
+                  until: Callable[[dict], bool] | None = None) -> dict[str, Any]:
+    """Poll `study_status` until every run is finished or failed (or `until(status)`), or the timeout."""
+    import time
+
+    deadline = time.time() + timeout_s
+    while True:
+        st = study_status(exp_dir)
+        c = st["counts"]
+        if (until(st) if until else c["finished"] + c["failed"] == st["total"]) or time.time() > deadline:
+            return st
+        time.sleep(poll_s)
