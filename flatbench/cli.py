@@ -1,4 +1,4 @@
-"""The `flatbench` command line: run | train | measure | report | status | list-measures.
+"""The `flatbench` command line: run | train | measure | report | audit | status | list-measures.
 
 Errors the user can fix (`FlatbenchError`) are printed as one line on stderr with exit code 2; nothing
 that already finished is touched. A preempted training (SIGTERM/SIGUSR1/SIGUSR2) exits with 143 after its
@@ -210,6 +210,16 @@ def list_measures() -> None:
     for name, spec in specs.items():
         inv = ",".join(sorted(spec.invariant_to)) or "-"
         click.echo(f"{name:{width}}  {inv:22}  {spec.cost:8}  {spec.description}")
+
+
+def _register_extra_commands() -> None:
+    """Commands that live next to their logic: `audit` (the invariance contract on trained runs)."""
+    from flatbench.audit import audit
+
+    cli.add_command(audit)
+
+
+_register_extra_commands()
 
 
 def _check_measures(measures: str | None) -> None:
