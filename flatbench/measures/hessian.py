@@ -68,7 +68,7 @@ def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
 @register_measure(
     "hessian_max_eig",
     description="λ_max(H) of the loss on the measurement set by Lanczos with full reorthogonalization",
-    invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS)
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False)
 def hessian_max_eig(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `iters` (maximum Lanczos steps = full-data HVPs), `tol` (relative residual), `k` (how many
     top eigenvalues to report in info; the value is the largest)."""
