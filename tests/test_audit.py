@@ -17,15 +17,6 @@ from flatbench.train import train_run
 MEASURES = "normalized_sharpness,matrix_normalized_sharpness,hessian_trace,frobenius_norm"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronization (and slow a shared machine down)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three tiny MLPs (label noise 0, 0.5, 1) trained for 2 epochs on mnist_mini."""

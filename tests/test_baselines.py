@@ -60,15 +60,6 @@ def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 300)
     return model.eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny float64 nets gain nothing from threads, and on a loaded machine thread spinning costs ×10."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def data():
     return _data()

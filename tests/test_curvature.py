@@ -26,15 +26,6 @@ N = 20
 C = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from threads, and on a shared machine thread barriers dominate."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @register_piecewise_linear_container
 class TinyResNet(nn.Module):
     """conv-BN-ReLU-conv-BN plus a 1×1-conv shortcut, an inplace ReLU after the add, global pooling."""

@@ -62,16 +62,6 @@ TEST_SETTINGS: dict[str, dict[str, Any]] = {
 MODELS = ("mlp", "mlp_nobias", "mlp_bn", "lenet", "wrn")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The nets are tiny: intra-op threads only add synchronization, and on a shared 2-core machine
-    they made this module ten times slower. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @cache
 def _data(name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     ds = load_dataset(DataConfig(dataset="mnist_mini", n_train=N_EXAMPLES, n_test=10), seed=0)

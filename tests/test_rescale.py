@@ -10,15 +10,6 @@ from flatbench import rescale
 from flatbench.models import MLP, LeNet5, WideResNet
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronization (and slow a shared machine down)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _randomize_batchnorm(model: nn.Module, x: torch.Tensor) -> None:
     """Non-trivial running statistics and affine parameters, then eval mode."""
     model.train()
