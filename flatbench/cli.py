@@ -7,7 +7,9 @@ last checkpoint, ready to be resumed by the same command.
 On a cluster: `--shard I/N` runs one of N disjoint slices of the sweep (for a hand-written
 `sbatch --array`, see scripts/slurm_array.sh); `--executor slurm` submits the sweep as one Slurm job array
 through submitit and returns at once (`--executor local`: the same through local processes);
-`flatbench status EXPERIMENT` shows how far it is.
+`flatbench status EXPERIMENT` shows how far it is. `flatbench run CONFIG --executor ...` submits tasks that
+train and then measure their runs; it prints the `flatbench report` command to run once they are done
+(`--wait`: it waits and writes the report itself).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ OVERRIDES = click.argument("overrides", nargs=-1)
 
 
 def CLUSTER(f):  # noqa: N802 - a decorator like the ones above
-    """The --executor options shared by `train` and `measure`."""
+    """The --executor options shared by `run`, `train` and `measure`."""
     options = [
         click.option("--executor", type=click.Choice(["local", "slurm"]), default=None,
                      help="Submit the runs as a job array through submitit and return at once: slurm, or local "
@@ -75,17 +77,35 @@ def cli() -> None:
 @DEVICE
 @QUIET
 @click.option("--measures", "measures", default=None, help="Comma-separated measures (default: the config's).")
+@CLUSTER
 def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-        measures: str | None) -> None:
-    """Train, measure and report a study: CONFIG [KEY=VALUE ...]."""
+        measures: str | None, executor: str | None, partition: str | None, gpus_per_task: int,
+        cpus_per_task: int | None, mem_gb: float | None, time_min: int, array_parallelism: int | None,
+        runs_per_task: int, wait: bool) -> None:
+    """Train, measure and report a study: CONFIG [KEY=VALUE ...].
+
+    With --executor each array task trains its runs and then measures them; the command returns at once
+    and prints the `flatbench report` command for when `flatbench status` shows every run finished and
+    measured (with --wait it waits and writes the report itself).
+    """
     from flatbench.report_cli import report_experiment
     from flatbench.study import measure_study, study_from_target, train_study
     from flatbench.train import resolve_device
 
     study = study_from_target(config, overrides, out=out)
-    dev = resolve_device(device)
     _check_measures(measures)
     _check_study_measures(study)
+    if executor:
+        from flatbench.cluster import submit_and_report
+
+        opts = _cluster_options(partition, gpus_per_task, cpus_per_task, mem_gb, time_min, array_parallelism,
+                                runs_per_task)
+        submit_and_report(study, executor, opts, stage="run", device=device, shard=None, wait=wait, echo=_echo,
+                          measures=measures.split(",") if measures else None)
+        if wait:
+            report_experiment([study.exp_dir], study.exp_dir, study.report, echo=_echo)
+        return
+    dev = resolve_device(device)
     outcome = train_study(study, dev, quiet=quiet, echo=_echo)
     measure_study(study, dev, names=measures.split(",") if measures else None, quiet=quiet, echo=_echo)
     report_experiment([study.exp_dir], study.exp_dir, study.report, echo=_echo)

@@ -3,7 +3,9 @@
 `flatbench train CONFIG --executor slurm` submits the unfinished runs of the sweep as one Slurm job array
 and returns at once; each array task trains `--runs-per-task` runs through the same
 `study.train_study` (so vectorized groups, locks, checkpoints and files are exactly those of a local
-run). `--executor local` runs the same tasks through submitit's LocalExecutor, as processes on this
+run). `flatbench run CONFIG --executor ...` submits tasks that train their runs and then measure them
+(`measure_study` on the same run ids); the report is written afterwards, once every run is done
+(`flatbench report EXPERIMENT`, or by `run --wait` itself). `--executor local` runs the same tasks through submitit's LocalExecutor, as processes on this
 machine (what the tests use). The logs of the tasks go to `<experiment>/<executor>/` (submitit's
 `<job id>_<task>_log.out` / `.err`), and `flatbench status EXPERIMENT` counts runs by state.
 
@@ -32,6 +34,7 @@ from typing import Any, Callable
 from flatbench.errors import ConfigError, FlatbenchError
 
 EXECUTORS = ("local", "slurm")
+STAGES = ("train", "measure", "run")
 
 Echo = Callable[[str], None]
 
@@ -56,17 +59,18 @@ def _checkpointable_base() -> type:
 
 
 class StudyTask(_checkpointable_base()):  # type: ignore[misc]
-    """One array task: train (or measure) the given runs of a study.
+    """One array task: train, measure, or train then measure (`run`) the given runs of a study.
 
     Picklable (a module-level class holding plain data): the study's resolved raw config, its name and
     absolute results root, the run ids, the device and, for measuring, the measures to compute.
-    Calling it runs `train_study` / `measure_study` on those runs and returns the outcome; it raises if
-    a run failed, so the scheduler shows the task as failed.
+    Calling it runs `train_study` / `measure_study` (both, in that order, for `run`) on those runs and
+    returns the outcome; it raises if a run failed, so the scheduler shows the task as failed. A `run`
+    task measures the runs it trained even when another of its runs failed, then raises.
     """
 
     def __init__(self, stage: str, raw: dict, name: str, out: str, run_ids: list[str], device: str = "auto",
                  measures: list[str] | None = None, force: bool = False):
-        if stage not in ("train", "measure"):
+        if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}")
         self.stage = stage
         self.raw = raw
@@ -106,6 +110,11 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
             raise
         echo(f"{len(outcome['trained'])} trained, {len(outcome['skipped'])} already finished, "
              f"{len(outcome['failed'])} failed, {len(outcome['locked'])} locked elsewhere")
+        if self.stage == "run":
+            counts = measure_study(study, device, names=self.measures, force=self.force, quiet=True, echo=echo,
+                                   run_ids=self.run_ids)
+            echo(f"measured {counts['measured']} runs ({counts['not_trained']} not trained yet)")
+            outcome = {**outcome, "measure": counts}
         if outcome["failed"]:
             raise FlatbenchError(f"{len(outcome['failed'])} run(s) failed: {', '.join(outcome['failed'])} "
                                  "(see their run.json)")
@@ -244,7 +253,8 @@ def make_executor(kind: str, folder: Path, name: str, opts: ClusterOptions) -> A
 def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, *, stage: str = "train",
                  device: str = "auto", shard: tuple[int, int] | None = None, measures: list[str] | None = None,
                  force: bool = False) -> Submission:
-    """Submit the study's unfinished runs (train) or finished runs (measure) as one job array; returns at once.
+    """Submit the study's unfinished runs (train), finished runs (measure) or all runs (run: train the
+    unfinished ones, then measure) as one job array; returns at once.
 
     The tasks run `StudyTask`; their logs go to `<experiment>/<executor>/`.
     """
@@ -257,8 +267,12 @@ def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, 
     runs = shard_runs(study, shard)
     if stage == "train":
         todo = [(rid, cfg) for rid, cfg in runs if not is_finished(run_dir(study.exp_dir, rid))]
-    else:
+    elif stage == "measure":
         todo = [(rid, cfg) for rid, cfg in runs if is_finished(run_dir(study.exp_dir, rid))]
+    elif stage == "run":  # finished runs too: their missing measures are computed, cached ones skipped
+        todo = list(runs)
+    else:
+        raise ValueError(f"unknown stage {stage!r}")
     tasks = chunk_runs(todo, opts.runs_per_task)
     log_dir = (study.exp_dir / executor).resolve()
     if not tasks:
@@ -278,7 +292,11 @@ def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, 
 def submit_and_report(study: Any, executor: str, opts: ClusterOptions, *, stage: str, device: str,
                       shard: tuple[int, int] | None, wait: bool, echo: Echo, measures: list[str] | None = None,
                       force: bool = False) -> Submission:
-    """The CLI's --executor path: submit, print the job id and log folder, optionally wait."""
+    """The CLI's --executor path: submit, print the job id and log folder, optionally wait.
+
+    For the `run` stage it also prints the `flatbench report` command to run once every task is done
+    (with `wait`, the caller writes the report itself).
+    """
     sub = submit_study(study, executor, opts, stage=stage, device=device, shard=shard, measures=measures,
                        force=force)
     if not sub.jobs:
@@ -289,9 +307,13 @@ def submit_and_report(study: Any, executor: str, opts: ClusterOptions, *, stage:
         kind = "one Slurm job array" if len(sub.tasks) > 1 else "one Slurm job"
     else:
         kind = "local submitit jobs"
-    echo(f"submitted {n_runs} run(s) to {stage} as {len(sub.tasks)} task(s) ({kind}): job {sub.job_id}")
+    what = "train and measure" if stage == "run" else stage
+    echo(f"submitted {n_runs} run(s) to {what} as {len(sub.tasks)} task(s) ({kind}): job {sub.job_id}")
     echo(f"logs: {sub.log_dir}/")
     echo(f"follow with: flatbench status {study.exp_dir}")
+    if stage == "run" and not wait:
+        echo(f"when it shows all {n_runs} run(s) finished and measured, write the report with: "
+             f"flatbench report {study.exp_dir}")
     if wait:
         failures = []
         for job, ids in zip(sub.jobs, sub.tasks):
@@ -345,20 +367,59 @@ def run_state(run_path: Path) -> tuple[str, str | None]:
     return "preempted", None
 
 
+def _expected_entries(study: Any) -> list[str]:
+    """measures.json keys of the study's configured measures (one per loss for loss-based ones)."""
+    from flatbench.measures.registry import get_measure, resolve_names
+    from flatbench.measures.runner import entry_key
+
+    try:
+        names = resolve_names(list(study.measure.measures))
+    except FlatbenchError:
+        return []
+    keys = []
+    for name in names:
+        spec = get_measure(name)
+        keys += [entry_key(name, loss) for loss in (study.measure.losses if spec.uses_loss else (None,))]
+    return keys
+
+
+def _is_measured(run_path: Path, keys: list[str]) -> bool:
+    from flatbench.store import MEASURES_JSON, read_json
+
+    path = run_path / MEASURES_JSON
+    if not keys or not path.is_file():
+        return False
+    try:
+        done = read_json(path)
+    except FlatbenchError:
+        return False
+    return all(done.get(k, {}).get("status") in ("ok", "not_applicable", "error") for k in keys)
+
+
 def study_status(exp_dir: str | Path) -> dict[str, Any]:
-    """Counts of runs by state, from the experiment's study.yaml run list and the run folders."""
+    """Counts of runs by state, from the experiment's study.yaml run list and the run folders.
+
+    `measured`: finished runs whose measures.json has an entry for every configured measure (what
+    `flatbench run --executor` waits for before `flatbench report`).
+    """
     from flatbench.store import run_dir
     from flatbench.study import study_from_target
 
     exp_dir = Path(exp_dir)
     study = study_from_target(exp_dir)
+    keys = _expected_entries(study)
     runs: dict[str, dict] = {}
+    measured = 0
     for rid in study.run_ids():
         state, detail = run_state(run_dir(exp_dir, rid))
         runs[rid] = {"state": state, **({"detail": detail} if detail else {})}
+        if state == "finished" and _is_measured(run_dir(exp_dir, rid), keys):
+            runs[rid]["measured"] = True
+            measured += 1
     counts = {s: sum(1 for r in runs.values() if r["state"] == s) for s in STATES}
     logs = [str(exp_dir / k) for k in EXECUTORS if (exp_dir / k).is_dir()]
-    return {"experiment": str(exp_dir), "total": len(runs), "counts": counts, "runs": runs, "logs": logs}
+    return {"experiment": str(exp_dir), "total": len(runs), "counts": counts, "measured": measured,
+            "runs": runs, "logs": logs}
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -369,6 +430,8 @@ def format_status(status: dict[str, Any]) -> str:
     width = max(len(str(v)) for v in c.values()) if c else 1
     for state in STATES:
         lines.append(f"  {c[state]:>{width}}  {labels[state]}")
+    if status.get("measured"):
+        lines.append(f"  {status['measured']:>{width}}  of the finished runs have every configured measure")
     failed = {rid: r for rid, r in status["runs"].items() if r["state"] == "failed"}
     if failed:
         lines.append("failed runs:")

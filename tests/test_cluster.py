@@ -101,6 +101,50 @@ def test_local_executor_submits_returns_at_once_and_finishes(tmp_path):
         assert "frobenius_norm" in read_json(exp / "runs" / rid / "measures.json")
 
 
+def test_run_with_local_executor_trains_measures_and_reports(tmp_path):
+    """`flatbench run --executor local --wait`: each task trains its run and then measures it; the report
+    is written once every task has ended."""
+    raw = dict(SWEEP4, name="run2", seed=0, measure={"measures": ["frobenius_norm", "hessian_trace"]})
+    cfg = _write(tmp_path, raw)
+    result = run_cli("run", str(cfg), "--out", str(tmp_path / "out"), "--device", "cpu", "--executor", "local",
+                     "--time", "10", "--wait")
+    assert result.returncode == 0, result.stderr
+    exp = tmp_path / "out" / "run2"
+    assert "submitted 2 run(s) to train and measure as 2 task(s)" in result.stdout, result.stdout
+    assert f"logs: {(exp / 'local').resolve()}/" in result.stdout
+    assert "all 2 task(s) finished" in result.stdout
+    for rid in parse_study(raw).run_ids():
+        run = exp / "runs" / rid
+        assert read_json(run / "run.json")["status"] == "finished"
+        measures = read_json(run / "measures.json")
+        assert measures["frobenius_norm"]["status"] == "ok" and measures["hessian_trace"]["status"] == "ok"
+    assert (exp / "report.md").is_file()
+    logs = list((exp / "local").glob("*_log.out"))
+    assert len(logs) == 2 and all("1 trained" in p.read_text() and "measured 1 runs" in p.read_text()
+                                  for p in logs)
+    st = study_status(exp)
+    assert st["counts"]["finished"] == 2 and st["measured"] == 2
+
+
+def test_run_with_executor_returns_at_once_and_prints_the_report_command(tmp_path):
+    raw = dict(SWEEP4, name="run1", seed=0, data=dict(SWEEP4["data"], random_label_ratio=0.0),
+               measure={"measures": ["frobenius_norm"]})
+    cfg = _write(tmp_path, raw)
+    result = run_cli("run", str(cfg), "--out", str(tmp_path / "out"), "--device", "cpu", "--executor", "local",
+                     "--time", "10")
+    assert result.returncode == 0, result.stderr
+    exp = tmp_path / "out" / "run1"
+    assert f"flatbench report {exp}" in result.stdout and f"flatbench status {exp}" in result.stdout
+    from flatbench.cluster import wait_for_runs
+
+    st = wait_for_runs(exp, timeout_s=300, until=lambda s: s["measured"] == s["total"])
+    assert st["measured"] == 1, st
+    assert not (exp / "report.md").exists()  # without --wait, the report is the user's next command
+    report = run_cli("report", str(exp))
+    assert report.returncode == 0, report.stderr
+    assert (exp / "report.md").is_file()
+
+
 @pytest.mark.slow
 def test_local_executor_requeues_a_task_after_its_preemption_signal(tmp_path):
     """SIGUSR2 (submitit's preemption/timeout signal) mid-training: the task checkpoints, submitit calls
