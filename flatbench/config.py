@@ -120,6 +120,9 @@ class MeasureConfig:
     """Examples per chunk for full-data passes."""
     settings: dict = field(default_factory=dict)
     """Per-measure settings, e.g. {eps_sharpness: {eps: 5e-4}}."""
+    group_runs: str = "auto"
+    """auto | on | off: compute the exact Hessian diagonal of up to 16 same-architecture MLP runs at once
+    (auto: on CUDA only, where it is 4-9x faster; on a CPU it is slower)."""
 
 
 @dataclass(frozen=True)
@@ -415,6 +418,8 @@ def _validate_measure(cfg: MeasureConfig) -> None:
             raise ConfigError(f"measure.losses: unknown loss '{loss}' (choose from: ce, normalized_ce)")
     if cfg.dtype not in ("float64", "float32"):
         raise ConfigError(f"measure.dtype must be float64 or float32, got '{cfg.dtype}'")
+    if cfg.group_runs not in ("auto", "on", "off"):
+        raise ConfigError(f"measure.group_runs must be auto, on or off, got '{cfg.group_runs}'")
     if cfg.n_examples is not None and cfg.n_examples <= 0:
         raise ConfigError(f"measure.n_examples must be positive, got {cfg.n_examples}")
     if cfg.normalized_ce_tau <= 0:

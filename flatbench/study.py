@@ -127,6 +127,53 @@ def _mark_failed(path: Path, exc: BaseException) -> None:
     atomic_write_json(path / RUN_JSON, info)
 
 
+GROUP_SIZE = 16
+"""Runs whose Hessian diagonals are computed together (`measure.group_runs`)."""
+
+
+def group_diagonal_contexts(paths: list[Path], names: list[str], cfg, device: torch.device,
+                            force: bool) -> dict[Path, object]:
+    """Contexts of the runs in `paths` with their exact Hessian diagonals computed as groups.
+
+    Runs that still need a curvature measure and are plain MLPs of one architecture with measurement sets
+    of one shape share one batched computation (`flatbench.measures.group`), for `ce` and every configured
+    loss; the results go into each context's cache under the key `curvature.diagonal_for` reads, so the
+    measures use them as if computed alone. Other runs get no context here and are measured as usual.
+    """
+    from flatbench.losses import get_loss
+    from flatbench.measures.group import group_hessian_diagonals, mlp_linears
+    from flatbench.measures.runner import build_context, pending_entries
+
+    contexts = {}
+    for path in paths:
+        _, todo = pending_entries(path, names, cfg, force)
+        if any(spec.cost == "hessian" for spec, _, _ in todo):
+            contexts[path] = build_context(path, cfg, device)
+    groups: dict[tuple, list[Path]] = {}
+    for path, ctx in contexts.items():
+        try:
+            shape = tuple((m.in_features, m.out_features, m.bias is not None) for m in mlp_linears(ctx.model))
+        except ValueError:
+            continue
+        groups.setdefault((shape, tuple(ctx.inputs.shape)), []).append(path)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        ctxs = [contexts[p] for p in members]
+        inputs = torch.stack([c.inputs for c in ctxs])
+        targets = torch.stack([c.targets for c in ctxs])
+        for loss_name in dict.fromkeys(("ce", *cfg.losses)):
+            try:
+                results = group_hessian_diagonals([c.model for c in ctxs], inputs, targets,
+                                                  get_loss(loss_name, cfg.normalized_ce_tau), per_model_inputs=True,
+                                                  max_memory_mb=cfg.max_memory_mb, chunk_size=cfg.chunk_size)
+            except (RuntimeError, ValueError):  # e.g. out of memory: each run computes its own, as usual
+                continue
+            for ctx, result in zip(ctxs, results):
+                ctx.cache[("hessian_diagonal", loss_name, cfg.normalized_ce_tau)] = result
+    return contexts
+
+
 def measure_study(study: Study, device: torch.device, *, names: list[str] | None = None, force: bool = False,
                   shard: tuple[int, int] | None = None, quiet: bool = False, echo: Echo = print,
                   run_ids: list[str] | None = None) -> dict:
@@ -138,6 +185,7 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
     chosen = resolve_names(names or list(study.measure.measures))
     check_settings(chosen, study.measure)
     counts = {"measured": 0, "not_trained": 0, "errors": 0}
+    paths = []
     for rid, _cfg in shard_runs(study, shard):
         if run_ids is not None and rid not in run_ids:
             continue
@@ -145,10 +193,18 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
         if not is_finished(path):
             counts["not_trained"] += 1
             continue
-        t0 = time.perf_counter()
-        results = measure_run(path, chosen, study.measure, device, force=force, echo=None if quiet else echo)
-        counts["measured"] += 1
-        counts["errors"] += sum(1 for r in results.values() if r.get("status") == "error")
-        if quiet:
-            echo(f"{rid}: {len(results)} measure entries ({time.perf_counter() - t0:.1f}s)")
+        paths.append(path)
+    use_groups = study.measure.group_runs == "on" or (study.measure.group_runs == "auto" and device.type == "cuda")
+    step = GROUP_SIZE if use_groups else 1
+    for start in range(0, len(paths), step):
+        batch = paths[start:start + step]
+        contexts = group_diagonal_contexts(batch, chosen, study.measure, device, force) if use_groups else {}
+        for path in batch:
+            t0 = time.perf_counter()
+            results = measure_run(path, chosen, study.measure, device, force=force,
+                                  echo=None if quiet else echo, ctx=contexts.pop(path, None))
+            counts["measured"] += 1
+            counts["errors"] += sum(1 for r in results.values() if r.get("status") == "error")
+            if quiet:
+                echo(f"{path.name}: {len(results)} measure entries ({time.perf_counter() - t0:.1f}s)")
     return counts

@@ -59,3 +59,40 @@ def test_rejects_other_architectures():
     with pytest.raises(ValueError, match="Linear and ReLU"):
         group_hessian_diagonals([nn.Sequential(nn.Linear(12, 5), nn.Tanh(), nn.Linear(5, 4)).double()] * 2,
                                 x, y, loss)
+
+
+def test_grouped_measure_stage_gives_the_same_results_as_run_by_run(tmp_path, monkeypatch):
+    """`measure.group_runs: on` (what `auto` does on CUDA) must not change a single measure value."""
+    import json
+
+    import flatbench.measures.group as group
+    from flatbench.config import parse_study
+    from flatbench.study import measure_study, train_study
+
+    raw = {"name": "g", "seed": 0,
+           "data": {"dataset": "mnist_mini", "n_train": 200, "n_test": 100, "random_label_ratio": [0.0, 0.5, 1.0]},
+           "model": {"widths": [16, 16]}, "train": {"epochs": 2, "batch_size": 50},
+           "measure": {"measures": ["hessian_trace", "normalized_sharpness", "minimum_sharpness",
+                                    "frobenius_norm"], "n_examples": 100, "losses": ["ce", "normalized_ce"]}}
+    calls = []
+    real = group.group_hessian_diagonals
+
+    def counting(models, *args, **kwargs):
+        calls.append(len(models))
+        return real(models, *args, **kwargs)
+
+    monkeypatch.setattr(group, "group_hessian_diagonals", counting)
+    values = {}
+    for mode in ("off", "on"):
+        study = parse_study({**raw, "measure": {**raw["measure"], "group_runs": mode}}, out=str(tmp_path / mode))
+        train_study(study, torch.device("cpu"), quiet=True, echo=lambda m: None)
+        measure_study(study, torch.device("cpu"), quiet=True, echo=lambda m: None)
+        values[mode] = {rid: {k: e["values"] for k, e in json.loads(
+            (study.exp_dir / "runs" / rid / "measures.json").read_text()).items()} for rid in study.run_ids()}
+    assert calls == [3, 3]  # one grouped call per loss, all three runs, only in "on" mode
+    assert values["on"].keys() == values["off"].keys()
+    for rid, entries in values["off"].items():
+        assert entries.keys() == values["on"][rid].keys()
+        for key, vals in entries.items():
+            for name, value in vals.items():
+                assert values["on"][rid][key][name] == pytest.approx(value, rel=1e-9, abs=1e-12), (rid, name)

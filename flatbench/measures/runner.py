@@ -87,13 +87,10 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
     return record
 
 
-def measure_run(run_path: Path, names: list[str], cfg: MeasureConfig, device: torch.device,
-                force: bool = False, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Compute the missing measures of one finished run; returns its measures.json content."""
-    run_path = Path(run_path)
-    if not is_finished(run_path):
-        raise FlatbenchError(f"run {run_path.name} has not finished training; run `flatbench train` first")
-    path = run_path / MEASURES_JSON
+def pending_entries(run_path: Path, names: list[str], cfg: MeasureConfig, force: bool = False
+                    ) -> tuple[dict[str, Any], list[tuple[MeasureSpec, str | None, str]]]:
+    """A run's measures.json content and the (spec, loss, key) entries still to compute."""
+    path = Path(run_path) / MEASURES_JSON
     results: dict[str, Any] = read_json(path) if path.is_file() else {}
     todo = []
     for name in resolve_names(names):
@@ -102,9 +99,24 @@ def measure_run(run_path: Path, names: list[str], cfg: MeasureConfig, device: to
             key = entry_key(name, loss)
             if force or results.get(key, {}).get("status") not in ("ok", "not_applicable"):
                 todo.append((spec, loss, key))
+    return results, todo
+
+
+def measure_run(run_path: Path, names: list[str], cfg: MeasureConfig, device: torch.device,
+                force: bool = False, echo: Callable[[str], None] | None = None,
+                ctx: MeasureContext | None = None) -> dict[str, Any]:
+    """Compute the missing measures of one finished run; returns its measures.json content.
+
+    `ctx`: an already built context of this run (e.g. with group-computed quantities in its cache).
+    """
+    run_path = Path(run_path)
+    if not is_finished(run_path):
+        raise FlatbenchError(f"run {run_path.name} has not finished training; run `flatbench train` first")
+    path = run_path / MEASURES_JSON
+    results, todo = pending_entries(run_path, names, cfg, force)
     if not todo:
         return results
-    ctx = build_context(run_path, cfg, device)
+    ctx = ctx or build_context(run_path, cfg, device)
     for spec, loss, key in todo:
         settings = {**spec.defaults, **cfg.settings.get(spec.name, {})}
         record = compute_entry(ctx, spec, settings, loss)
