@@ -247,29 +247,31 @@ def _copy_and_structure(model: nn.Module, family: str) -> tuple[nn.Module, Struc
     return clone, structure(clone)
 
 
-def rescale_layer(model: nn.Module, generator: torch.Generator, low: float = 0.1, high: float = 10.0
-                  ) -> nn.Module:
-    """One factor per hidden layer (junction): its output × α, the next weight layer's input ÷ α."""
-    clone, s = _copy_and_structure(model, "layer")
-    factors = log_uniform(len(s.junctions), generator, low, high)
-    for junction, alpha in zip(s.junctions, factors):
-        c = alpha.expand(junction.channels)
+def _rescale_junctions(model: nn.Module, family: str, generator: torch.Generator, low: float, high: float,
+                       per_unit: bool) -> nn.Module:
+    """Scale each junction's producer outputs by c and its consumers' inputs by 1/c (ReLU commutes with
+    c > 0): one c per junction (`layer`) or one per unit/channel (`node`)."""
+    clone, s = _copy_and_structure(model, family)
+    layer_factors = None if per_unit else log_uniform(len(s.junctions), generator, low, high)
+    for i, junction in enumerate(s.junctions):
+        c = (log_uniform(junction.channels, generator, low, high) if per_unit
+             else layer_factors[i].expand(junction.channels))
         _scale_outputs(junction.producer, c)
         for consumer, per in junction.consumers:
             _scale_inputs(consumer, c, per)
     return clone
+
+
+def rescale_layer(model: nn.Module, generator: torch.Generator, low: float = 0.1, high: float = 10.0
+                  ) -> nn.Module:
+    """One factor per hidden layer (junction): its output × α, the next weight layer's input ÷ α."""
+    return _rescale_junctions(model, "layer", generator, low, high, per_unit=False)
 
 
 def rescale_node(model: nn.Module, generator: torch.Generator, low: float = 0.1, high: float = 10.0
                  ) -> nn.Module:
     """One factor per hidden unit / channel: its incoming weights and bias × c_i, outgoing ÷ c_i."""
-    clone, s = _copy_and_structure(model, "node")
-    for junction in s.junctions:
-        c = log_uniform(junction.channels, generator, low, high)
-        _scale_outputs(junction.producer, c)
-        for consumer, per in junction.consumers:
-            _scale_inputs(consumer, c, per)
-    return clone
+    return _rescale_junctions(model, "node", generator, low, high, per_unit=True)
 
 
 def rescale_bn(model: nn.Module, generator: torch.Generator, low: float = 0.1, high: float = 10.0

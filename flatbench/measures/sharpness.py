@@ -283,36 +283,30 @@ def adaptive_average_case(ctx: MeasureContext, *, rho: float, samples: int, batc
                    "samples_per_batch": samples, "batch_size": int(batch_size), "stderr": stderr}
 
 
-@register_measure(
-    "adaptive_sharpness_l2",
-    description="worst-case adaptive sharpness max_{‖δ/|θ|‖₂ ≤ ρ} L_B(θ+δ) − L_B(θ), APGD per batch, "
-                "averaged",
-    invariant_to=("layer", "node", "bn"), cost="search",
-    defaults={"rho": 0.5, "iters": 20, "batch_size": 128}, uses_loss=True, exact=False)
-def adaptive_sharpness_l2(ctx: MeasureContext) -> MeasureOutput:
-    """Worst-case ℓ2 adaptive sharpness (Kwon et al. 2021; Andriushchenko et al. 2023 defaults: ρ from
-    their ResNet grid, 20 APGD steps, batches of 128). All parameters are perturbed, BatchNorm buffers
-    are fixed; parameters equal to zero are never perturbed (c = |θ|)."""
-    value, info, _ = adaptive_worst_case(ctx, rho=float(ctx.settings["rho"]), norm="l2",
-                                         iters=int(ctx.settings["iters"]),
-                                         batch_size=int(ctx.settings["batch_size"]))
-    return MeasureOutput({"adaptive_sharpness_l2": value}, info)
+def _register_adaptive_worst_case(norm: str, symbol: str, rho: float) -> None:
+    """Register `adaptive_sharpness_<norm>`: the worst case in the ℓ2 or ℓ∞ adaptive ball."""
+    name = f"adaptive_sharpness_{norm}"
+
+    def measure(ctx: MeasureContext) -> MeasureOutput:
+        value, info, _ = adaptive_worst_case(ctx, rho=float(ctx.settings["rho"]), norm=norm,
+                                             iters=int(ctx.settings["iters"]),
+                                             batch_size=int(ctx.settings["batch_size"]))
+        return MeasureOutput({name: value}, info)
+
+    measure.__name__ = name
+    measure.__doc__ = (f"Worst-case {symbol} adaptive sharpness (Kwon et al. 2021; Andriushchenko et al. 2023 "
+                       "defaults: ρ from their ResNet grid, 20 APGD steps, batches of 128). All parameters are "
+                       "perturbed, BatchNorm buffers are fixed; parameters equal to zero are never perturbed "
+                       "(c = |θ|).")
+    register_measure(
+        name, description=f"worst-case adaptive sharpness max_{{‖δ/|θ|‖{symbol[1:]} ≤ ρ}} L_B(θ+δ) − L_B(θ), "
+                          "APGD per batch, averaged",
+        invariant_to=("layer", "node", "bn"), cost="search",
+        defaults={"rho": rho, "iters": 20, "batch_size": 128}, uses_loss=True, exact=False)(measure)
 
 
-@register_measure(
-    "adaptive_sharpness_linf",
-    description="worst-case adaptive sharpness max_{‖δ/|θ|‖∞ ≤ ρ} L_B(θ+δ) − L_B(θ), APGD per batch, "
-                "averaged",
-    invariant_to=("layer", "node", "bn"), cost="search",
-    defaults={"rho": 0.002, "iters": 20, "batch_size": 128}, uses_loss=True, exact=False)
-def adaptive_sharpness_linf(ctx: MeasureContext) -> MeasureOutput:
-    """Worst-case ℓ∞ adaptive sharpness (Kwon et al. 2021; Andriushchenko et al. 2023 defaults: ρ from
-    their ResNet grid, 20 APGD steps, batches of 128). All parameters are perturbed, BatchNorm buffers
-    are fixed; parameters equal to zero are never perturbed (c = |θ|)."""
-    value, info, _ = adaptive_worst_case(ctx, rho=float(ctx.settings["rho"]), norm="linf",
-                                         iters=int(ctx.settings["iters"]),
-                                         batch_size=int(ctx.settings["batch_size"]))
-    return MeasureOutput({"adaptive_sharpness_linf": value}, info)
+_register_adaptive_worst_case("l2", "ℓ₂", 0.5)
+_register_adaptive_worst_case("linf", "ℓ∞", 0.002)
 
 
 @register_measure(
