@@ -115,3 +115,13 @@ def test_config_reference_lists_every_key():
     table = config_reference()
     for key in ("data.random_label_ratio", "train.target_train_acc", "measure.settings", "report.gap"):
         assert f"`{key}`" in table
+
+
+def test_every_shipped_config_is_valid():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+    assert configs, "no configs found"
+    for path in configs:
+        study = load_study(path)
+        assert study.runs, path
