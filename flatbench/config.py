@@ -14,11 +14,13 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from flatbench.errors import ConfigError
@@ -208,7 +210,7 @@ def to_plain(obj: Any) -> Any:
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is tuple:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
@@ -221,7 +223,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check `value` against the annotation `tp`, converting YAML-isms (ints for floats, '1e-3')."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         for arg in args:
@@ -339,7 +341,7 @@ def _ratio_values(value: Any, seeds: list[int]) -> list[float]:
         if n < 1:
             raise ConfigError(f"{where}.uniform must be at least 1, got {n}")
         gen = make_generator("random_label_ratio", "uniform", seeds[0])
-        draws = __import__("torch").rand(n, generator=gen, dtype=__import__("torch").float64)
+        draws = torch.rand(n, generator=gen, dtype=torch.float64)
         return [round(float(r), 4) for r in draws]
     values = value if isinstance(value, list) else [value]
     out = [_coerce(v, float, where) for v in values]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flatbench.config import parse_study
-from flatbench.store import RunLock, RunLocked, atomic_write_json, read_json
+from flatbench.store import RunLock, atomic_write_json, read_json
 from flatbench.train import load_model, train_run
 
 from conftest import run_cli

@@ -72,9 +72,6 @@ class MeasureContext:
         return [(self.inputs[i:i + self.chunk_size], self.targets[i:i + self.chunk_size])
                 for i in range(0, self.n, self.chunk_size)]
 
-    def setting(self, key: str) -> Any:
-        return self.settings[key]
-
     def for_measure(self, name: str, settings: dict[str, Any], loss_name: str | None = None
                     ) -> "MeasureContext":
         """A context for one measure and loss, sharing this one's data and cache."""
