@@ -39,7 +39,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 import pandas as pd
 import torch
@@ -67,6 +66,17 @@ Echo = Callable[[str], None]
 
 
 # ---------------------------------------------------------------- shared pieces
+
+
+def _study_run_dirs(exp_dir: Path) -> list[Path]:
+    """The run folders of the experiment's current study (those of an earlier config left out), or every
+    run folder when the experiment has no saved study."""
+    from flatbench.store import run_dir
+    from flatbench.study import read_saved_study
+
+    if not (Path(exp_dir) / STUDY_FILE).is_file():
+        return list_run_dirs(exp_dir)
+    return [run_dir(exp_dir, rid) for rid in read_saved_study(exp_dir).run_ids()]
 
 
 def measure_config(exp_dir: Path):
@@ -107,7 +117,7 @@ def plan_entries(names: list[str] | None, cfg: Any) -> list[Entry]:
     entries = []
     for name in chosen:
         spec = get_measure(name)
-        settings = {**spec.defaults, **cfg.settings.get(name, {})}
+        settings = spec.settings(cfg.settings)
         for loss in (cfg.losses if spec.uses_loss else (None,)):
             entries.append(Entry(entry_key(name, loss), name, loss, settings))
     return entries
@@ -357,7 +367,7 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     gap_col = {"acc": "gap_acc", "loss": "gap_loss"}.get(gap)
     if gap_col is None:
         raise FlatbenchError(f"gap must be acc or loss, got {gap!r}")
-    runs = [p for p in list_run_dirs(exp_dir) if is_finished(p)]
+    runs = [p for p in _study_run_dirs(exp_dir) if is_finished(p)]
     if len(runs) < MIN_RUNS:
         raise FlatbenchError(f"{exp_dir} has {len(runs)} finished run(s); the population audit needs at "
                              f"least {MIN_RUNS}")
@@ -469,42 +479,3 @@ def correlation_bars_png(corr: pd.DataFrame, gap: str, family: str) -> bytes:
     fig.savefig(buf, format="png", dpi=130)
     fig.clear()
     return buf.getvalue()
-
-
-# ---------------------------------------------------------------- the command
-
-
-@click.command("audit")
-@click.argument("target", type=click.Path(exists=True, file_okay=False))
-@click.option("--families", default="layer,node,bn,logit_scale", show_default=True,
-              help="Run audit: comma-separated transformation families.")
-@click.option("--trials", type=int, default=3, show_default=True,
-              help="Run audit: random transformations per family.")
-@click.option("--measures", default=None, help="Comma-separated measures (default: the study's).")
-@click.option("--population", is_flag=True,
-              help="TARGET is an experiment: transform every run once and compare the correlations with the gap.")
-@click.option("--family", default="node", show_default=True,
-              help="Population audit: the family applied to every run.")
-@click.option("--max-factor", type=float, default=None,
-              help="Factors are log-uniform in [1/F, F] (default 10; 100 with --population).")
-@click.option("--out", "out_dir", default=None, help="Where to write the files (default: TARGET).")
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
-              help="Where to compute the measures.")
-def audit(target: str, families: str, trials: int, measures: str | None, population: bool, family: str,
-          max_factor: float | None, out_dir: str | None, device: str) -> None:
-    """Check the measures under function-preserving transformations: TARGET is a run folder, or an
-    experiment folder with --population."""
-    from flatbench.train import resolve_device
-
-    path = Path(target)
-    names = [m for m in measures.split(",") if m.strip()] if measures else None
-    dev = resolve_device(device)
-    if population:
-        audit_population(path, family=family, measures=names, device=dev, max_factor=max_factor or 100.0,
-                         out_dir=Path(out_dir) if out_dir else None, echo=click.echo)
-        return
-    if not (path / RUN_JSON).is_file():
-        hint = " (add --population to audit a whole experiment)" if (path / "runs").is_dir() else ""
-        raise FlatbenchError(f"{path} is not a run folder (no {RUN_JSON}){hint}")
-    audit_run(path, families=families, trials=trials, measures=names, device=dev,
-              max_factor=max_factor or 10.0, out_dir=Path(out_dir) if out_dir else None, echo=click.echo)

@@ -82,13 +82,25 @@ class TrainConfig:
     epochs: int = 50
     """Maximum number of epochs."""
     schedule: str = "none"
-    """none | cosine | step."""
+    """none | cosine | step | inverse_time (lr/(1 + lr_decay·t) after t minibatch steps, Ibayashi et al.)."""
     step_size: int = 30
     """step schedule: epochs between learning-rate decays."""
     gamma: float = 0.1
     """step schedule: decay factor."""
+    lr_decay: float = 1e-4
+    """inverse_time schedule: the decay per minibatch step."""
     target_train_acc: float | None = None
-    """Stop early once the epoch's train accuracy reaches this value."""
+    """Stop early once the epoch's running train accuracy reaches this value."""
+    target_train_loss: float | None = None
+    """Stop once the cross-entropy on the whole training set (eval mode, the labels trained on) is at most
+    this, checked every `eval_every` epochs: every run of a study then ends at the same loss (see README,
+    Training endpoint)."""
+    snapshot_losses: tuple[float, ...] = ()
+    """Keep a copy of the model the first time its whole-training-set loss is at most each of these levels
+    (e.g. [0.1, 0.01, 0.001]); `measure` and `report` then give each measure's τ at every level."""
+    eval_every: int = 1
+    """Epochs between evaluations of the whole training set (eval mode) and the test set; the target loss
+    and the snapshots are checked then, and the training curves plot these points."""
     eval_batch_size: int = 2000
     """Batch size for evaluating accuracy and loss (no effect on the result)."""
     vectorize: int | str = "auto"
@@ -125,14 +137,23 @@ class MeasureConfig:
     group_runs: str = "auto"
     """auto | on | off: compute the exact Hessian diagonal of up to 16 same-architecture MLP runs at once
     (auto: on CUDA only, where it is 4-9x faster; on a CPU it is slower)."""
+    snapshots: bool = True
+    """Also measure the models kept at `train.snapshot_losses` (each level costs one more measure pass)."""
 
 
 @dataclass(frozen=True)
 class ReportConfig:
     gap: str = "acc"
     """acc | loss: the generalization gap the measures are correlated with."""
-    min_train_acc: float = 0.0
-    """Runs with a lower train accuracy did not train; they are excluded and listed."""
+    min_train_acc: float = 0.9
+    """Runs with a lower final train accuracy did not fit their labels; they are excluded and listed."""
+    max_train_loss: float = 0.01
+    """The report warns when a run ended above this train loss (it is not at a minimum, so its curvature
+    measures are not comparable with the others')."""
+    max_loss_span: float = 10.0
+    """The report warns when the runs' final train losses span more than this factor."""
+    include_stale: bool = False
+    """Also count runs left in runs/ by an earlier version of the study (listed as not in this study)."""
 
 
 @dataclass(frozen=True)
@@ -147,19 +168,35 @@ class RunConfig:
     def to_dict(self) -> dict:
         return to_plain(self)
 
-    def config_hash(self) -> str:
-        """Hash of the training-relevant config.
+    def identity(self) -> dict[str, Any]:
+        """The fields that make this run what it is: every config field, dotted, except those that only
+        say how it is executed (`EXECUTION_ONLY_KEYS`) and those at their default value (so a later
+        version that adds a key with a default keeps every existing run's id)."""
+        return {k: v for k, v in _dotted(self.to_dict()).items()
+                if k not in EXECUTION_ONLY_KEYS and v != _DEFAULT_IDENTITY.get(k, _MISSING)}
 
-        Left out: how the run is executed, not what it computes (eval batch size, vectorize, compile,
-        channels_last: a run may be resumed with other values), and precision at its default fp32, so runs
-        trained before these keys existed keep their hash.
-        """
-        d = self.to_dict()
-        for key in EXECUTION_ONLY_KEYS:
-            d["train"].pop(key, None)
-        if d["train"].get("precision") == "fp32":
-            d["train"].pop("precision")
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    def config_hash(self) -> str:
+        """sha256 of `identity()` (canonical JSON), 16 hex digits: stored in run.json and checkpoints."""
+        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def run_id(self) -> str:
+        """`<model>-<dataset>-r<ratio>-s<seed>-<hash>`: readable, and determined by the full config."""
+        core = [self.model.name, self.data.dataset, f"r{_fmt_ratio(self.data.random_label_ratio)}",
+                f"s{self.seed}"]
+        return "-".join(core) + "-" + self.config_hash()[:RUN_ID_HASH_CHARS]
+
+
+def identity_diff(stored: "RunConfig", expected: "RunConfig") -> list[str]:
+    """`key: stored X, expected Y` for every identity field in which two run configs differ."""
+    a, b = stored.identity(), expected.identity()
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va = a.get(key, _DEFAULT_IDENTITY.get(key))
+        vb = b.get(key, _DEFAULT_IDENTITY.get(key))
+        if va != vb:
+            out.append(f"{key}: stored {json.dumps(va)}, expected {json.dumps(vb)}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -182,16 +219,18 @@ class Study:
         return [rid for rid, _ in self.runs]
 
 
-EXECUTION_ONLY_KEYS = ("eval_batch_size", "vectorize", "compile", "channels_last")
-"""train keys that change how a run is executed but not the model it trains (not in the config hash)."""
+EXECUTION_ONLY_KEYS = frozenset({"data.root", "data.download", "train.eval_batch_size", "train.vectorize",
+                                 "train.compile", "train.channels_last"})
+"""Fields that change where the data come from or how a run is executed, never the model it trains:
+not part of a run's identity (a run may be resumed or moved with other values)."""
+RUN_ID_HASH_CHARS = 8
+"""Hex digits of the config hash in a run id (a collision is detected, see `train.check_run_dir`)."""
+_MISSING = object()
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
             "measure": MeasureConfig, "report": ReportConfig}
 SWEEPABLE = ("seed", "data", "model", "train")
 TOP_LEVEL = ("name", "out", "seed", *SECTIONS)
-SHORT_NAMES = {"model.name": "", "data.dataset": "", "data.random_label_ratio": "r", "seed": "s",
-               "train.lr": "lr", "train.batch_size": "bs", "train.optimizer": "", "train.epochs": "e",
-               "train.weight_decay": "wd", "model.widths": "w", "model.depth": "d", "model.width": "k"}
 
 
 def to_plain(obj: Any) -> Any:
@@ -203,6 +242,22 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     return obj
+
+
+def _dotted(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested plain dict → {"section.key": value}."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and key in ("data", "model", "train"):
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _fmt_ratio(value: float) -> str:
+    text = f"{value:.2f}"
+    return text if float(text) == value else f"{value:.4f}".rstrip("0")
 
 
 # ---------------------------------------------------------------- type checking
@@ -277,12 +332,20 @@ def _is_list_typed(tp: Any) -> bool:
     return typing.get_origin(tp) is tuple
 
 
+def did_you_mean(word: str, choices: Any) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, or '' when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _check_keys(section: str, given: dict, cls: type) -> None:
     valid = [f.name for f in fields(cls)]
     for key in given:
         if key not in valid:
-            raise ConfigError(f"unknown key '{section}.{key}' (valid keys in '{section}': "
-                              f"{', '.join(valid)})")
+            raise ConfigError(f"unknown key '{section}.{key}'{did_you_mean(key, valid)} (valid keys in "
+                              f"'{section}': {', '.join(valid)})")
 
 
 # ---------------------------------------------------------------- loading
@@ -299,8 +362,9 @@ def load_yaml(path: str | Path) -> dict:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"invalid YAML in {path}{where}: {problem}") from None
-    if raw is None:
-        raw = {}
+    if raw is None or raw == {}:
+        raise ConfigError(f"{path} is empty: a study config needs at least one section (data, model, "
+                          "train, measure, report); see configs/quickstart.yaml")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the config must be a mapping of sections, got {type(raw).__name__}")
     return raw
@@ -320,8 +384,10 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
             raise ConfigError(f"override '{item}': the value is not valid YAML") from None
         parts = key.split(".")
         if parts[0] not in TOP_LEVEL:
-            raise ConfigError(f"unknown key '{parts[0]}' in override '{item}' (valid top-level keys: "
-                              f"{', '.join(TOP_LEVEL)})")
+            raise ConfigError(f"unknown key '{parts[0]}' in override '{item}'{did_you_mean(parts[0], TOP_LEVEL)}"
+                              f" (valid top-level keys: {', '.join(TOP_LEVEL)})")
+        if len(parts) >= 2 and parts[0] in SECTIONS:
+            _check_keys(parts[0], {parts[1]: None}, SECTIONS[parts[0]])
         node = raw
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
@@ -384,40 +450,64 @@ def parse_vectorize(value: Any) -> int | str:
 
 
 def _validate_choices(run: RunConfig) -> None:
-    from flatbench.data import DATASETS
-    from flatbench.models import MODELS
-
-    if run.data.dataset not in DATASETS:
-        raise ConfigError(f"unknown dataset '{run.data.dataset}' (available: {', '.join(sorted(DATASETS))})")
-    if run.model.name not in MODELS:
-        raise ConfigError(f"unknown model '{run.model.name}' (available: {', '.join(sorted(MODELS))})")
+    """Values and ranges of one run's fields. Dataset and model names are checked where runs are built
+    (`flatbench.study.check_study`), which knows the registries; this module imports neither."""
     choices = {"data.random_label_scheme": (run.data.random_label_scheme, ("uniform", "shuffle", "wrong")),
                "train.optimizer": (run.train.optimizer, ("adam", "sgd")),
-               "train.schedule": (run.train.schedule, ("none", "cosine", "step")),
+               "train.schedule": (run.train.schedule, ("none", "cosine", "step", "inverse_time")),
                "train.precision": (run.train.precision, ("fp32", "bf16"))}
     for where, (value, allowed) in choices.items():
         if value not in allowed:
-            raise ConfigError(f"{where}: unknown value '{value}' (choose one of: {', '.join(allowed)})")
+            raise ConfigError(f"{where}: unknown value '{value}'{did_you_mean(value, allowed)} (choose one of: "
+                              f"{', '.join(allowed)})")
     positive = {"train.lr": run.train.lr, "train.batch_size": run.train.batch_size,
-                "train.epochs": run.train.epochs, "train.eval_batch_size": run.train.eval_batch_size}
+                "train.epochs": run.train.epochs, "train.eval_batch_size": run.train.eval_batch_size,
+                "train.eval_every": run.train.eval_every}
     for where, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")
     for where, value in {"data.n_train": run.data.n_train, "data.n_test": run.data.n_test}.items():
         if value is not None and value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")
+    for where, value in {"train.weight_decay": run.train.weight_decay, "train.lr_decay": run.train.lr_decay,
+                         "model.dropout": run.model.dropout}.items():
+        if value < 0:
+            raise ConfigError(f"{where} must be non-negative, got {value}")
+    if run.model.dropout >= 1:
+        raise ConfigError(f"model.dropout must be below 1, got {run.model.dropout}")
     if any(w <= 0 for w in run.model.widths):
         raise ConfigError(f"model.widths must be positive integers, got {list(run.model.widths)}")
     if run.model.name == "wrn" and (run.model.depth - 4) % 6:
         raise ConfigError(f"model.depth for wrn must be 6k+4 (10, 16, 22, 28, ...), got {run.model.depth}")
     if run.train.target_train_acc is not None and not 0 < run.train.target_train_acc <= 1:
         raise ConfigError(f"train.target_train_acc must be in (0, 1], got {run.train.target_train_acc}")
+    if run.train.target_train_loss is not None and not run.train.target_train_loss > 0:
+        raise ConfigError(f"train.target_train_loss must be positive, got {run.train.target_train_loss}")
+    for level in run.train.snapshot_losses:
+        if not level > 0:
+            raise ConfigError(f"train.snapshot_losses must be positive losses, got {level}")
+    if len(set(run.train.snapshot_losses)) != len(run.train.snapshot_losses):
+        raise ConfigError(f"train.snapshot_losses lists a level twice: {list(run.train.snapshot_losses)}")
+
+
+def _validate_report(cfg: ReportConfig) -> None:
+    if cfg.gap not in ("acc", "loss"):
+        raise ConfigError(f"report.gap must be acc or loss, got '{cfg.gap}'")
+    if not 0.0 <= cfg.min_train_acc <= 1.0:
+        raise ConfigError(f"report.min_train_acc must be in [0, 1], got {cfg.min_train_acc}")
+    if not cfg.max_train_loss > 0:
+        raise ConfigError(f"report.max_train_loss must be positive, got {cfg.max_train_loss}")
+    if not cfg.max_loss_span >= 1:
+        raise ConfigError(f"report.max_loss_span must be at least 1, got {cfg.max_loss_span}")
 
 
 def _validate_measure(cfg: MeasureConfig) -> None:
     for loss in cfg.losses:
         if loss not in ("ce", "normalized_ce"):
-            raise ConfigError(f"measure.losses: unknown loss '{loss}' (choose from: ce, normalized_ce)")
+            raise ConfigError(f"measure.losses: unknown loss '{loss}'{did_you_mean(loss, ('ce', 'normalized_ce'))}"
+                              " (choose from: ce, normalized_ce)")
+    if not cfg.losses:
+        raise ConfigError("measure.losses must name at least one loss (ce, normalized_ce)")
     if cfg.dtype not in ("float64", "float32"):
         raise ConfigError(f"measure.dtype must be float64 or float32, got '{cfg.dtype}'")
     if cfg.group_runs not in ("auto", "on", "off"):
@@ -431,41 +521,18 @@ def _validate_measure(cfg: MeasureConfig) -> None:
             raise ConfigError(f"measure.settings.{name} must be a mapping of setting: value")
 
 
-def run_id_for(run: RunConfig, axes: tuple[str, ...]) -> str:
-    """Readable, stable id: `<model>-<dataset>-r<ratio>-s<seed>` plus every other swept field."""
-    def fmt(value: Any) -> str:
-        if isinstance(value, float):
-            text = f"{value:.2f}"
-            return text if float(text) == value else f"{value:.4f}".rstrip("0")
-        if isinstance(value, (tuple, list)):
-            return "x".join(fmt(v) for v in value)
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        return str(value).replace("/", "_")
-
-    plain = run.to_dict()
-
-    def get(path: str) -> Any:
-        node: Any = plain
-        for part in path.split("."):
-            node = node[part]
-        return node
-
-    parts = [run.model.name, run.data.dataset, f"r{fmt(run.data.random_label_ratio)}", f"s{run.seed}"]
-    fixed = {"model.name", "data.dataset", "data.random_label_ratio", "seed"}
-    for axis in axes:
-        if axis in fixed:
-            continue
-        short = SHORT_NAMES.get(axis, axis.split(".")[-1].replace("_", ""))
-        parts.append(f"{short}{fmt(get(axis))}")
-    return "-".join(parts)
+def run_id_for(run: RunConfig, axes: tuple[str, ...] = ()) -> str:
+    """The run's id (see `RunConfig.run_id`); `axes` is accepted for old callers and ignored: an id
+    depends on the full config, never on which fields a study sweeps."""
+    return run.run_id()
 
 
 def parse_study(raw: dict, default_name: str = "study", out: str | None = None) -> Study:
     """Validate a raw config dict and expand its sweep into runs."""
     for key in raw:
         if key not in TOP_LEVEL:
-            raise ConfigError(f"unknown key '{key}' (valid top-level keys: {', '.join(TOP_LEVEL)})")
+            raise ConfigError(f"unknown key '{key}'{did_you_mean(key, TOP_LEVEL)} (valid top-level keys: "
+                              f"{', '.join(TOP_LEVEL)})")
     for section, cls in SECTIONS.items():
         value = raw.get(section, {}) or {}
         if not isinstance(value, dict):
@@ -507,10 +574,10 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None) 
         run = RunConfig(seed=seed, data=DataConfig(**per_section["data"]),
                         model=ModelConfig(**per_section["model"]), train=TrainConfig(**per_section["train"]))
         _validate_choices(run)
-        rid = run_id_for(run, swept)
+        rid = run.run_id()
         if rid in seen:
-            if seen[rid] == run:
-                continue  # e.g. {uniform: N} drew the same ratio twice at 4 decimals
+            if seen[rid].identity() == run.identity():
+                continue  # the same run twice (e.g. {uniform: N} drew one ratio twice at 4 decimals)
             raise ConfigError(f"two runs of the sweep would share the id '{rid}'")
         seen[rid] = run
         runs.append((rid, run))
@@ -525,8 +592,7 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None) 
     rraw = raw.get("report") or {}
     rtypes = _field_types(ReportConfig)
     report = ReportConfig(**{k: _coerce(v, rtypes[k], f"report.{k}") for k, v in rraw.items()})
-    if report.gap not in ("acc", "loss"):
-        raise ConfigError(f"report.gap must be acc or loss, got '{report.gap}'")
+    _validate_report(report)
     return Study(name=name, out=out_dir, runs=tuple(runs), measure=measure, report=report,
                  sweep_axes=swept, raw=raw)
 
@@ -574,3 +640,7 @@ def config_reference() -> str:
             lines.append(f"| `{section}.{f.name}` | {_type_name(types[f.name])} | "
                          f"`{json.dumps(to_plain(default))}` | {docs.get(f.name, '').replace(' | ', ' / ')} |")
     return "\n".join(lines)
+
+
+_DEFAULT_IDENTITY = _dotted(to_plain(RunConfig()))
+"""Every identity field at its default (fields at their default are left out of a run's identity)."""

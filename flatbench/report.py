@@ -37,8 +37,9 @@ from flatbench.analysis.stats import (
     oriented,
 )
 from flatbench.analysis.table import RunRecord, build_table, load_records, to_float
+from flatbench.errors import FlatbenchError
 
-__all__ = ["ReportSummary", "build_table", "correlations", "format_summary", "write_report"]
+__all__ = ["ReportSummary", "build_table", "correlations", "format_summary", "report_study", "write_report"]
 
 MAX_RUN_ROWS = 300
 """The report lists at most this many runs; table.csv always has all of them."""
@@ -67,22 +68,96 @@ class ReportSummary:
     seconds: float = 0.0
 
 
+def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | None = None,
+                 min_train_acc: float | None = None, include_stale: bool | None = None,
+                 echo: Callable[[str], Any] = print, quiet: bool = False) -> ReportSummary:
+    """The report stage over experiment folders, as `flatbench report` runs it.
+
+    Each folder's saved study (study.yaml) says which runs are the study's now: run folders left by an
+    earlier version of its config are listed as not in this study and left out (`include_stale` counts
+    them). Settings default to the first folder's `report` section. Everything is checked before anything
+    is written: the folders, the settings, the output folder, damaged files (refused, so that a report is
+    never silently built from half a study) and that some run can be used (a good report is never
+    replaced by an empty one).
+    """
+    from dataclasses import replace
+
+    from flatbench.config import ReportConfig
+    from flatbench.errors import ConfigError
+    from flatbench.study import check_output_dir, read_saved_study
+
+    exp_dirs = [Path(p) for p in exp_dirs]
+    cfg: ReportConfig | None = None
+    current: dict[Path, set[str] | None] = {}
+    for path in exp_dirs:
+        if not path.exists():
+            raise FlatbenchError(f"experiment folder {path} does not exist")
+        if not path.is_dir():
+            raise FlatbenchError(f"{path} is a file, not an experiment folder")
+        if (path / store.STUDY_FILE).is_file():
+            study = read_saved_study(path)
+            current[path] = set(study.run_ids())
+            cfg = cfg or study.report
+        elif (path / store.RUNS_DIR).is_dir():
+            current[path] = None  # no saved study: every run folder counts
+        else:
+            raise FlatbenchError(f"{path} is not a flatbench experiment folder (no {store.STUDY_FILE} and no "
+                                 f"{store.RUNS_DIR}/ inside)")
+    cfg = cfg or ReportConfig()
+    if gap is not None:
+        cfg = replace(cfg, gap=gap)
+    if min_train_acc is not None:
+        if not 0.0 <= min_train_acc <= 1.0:
+            raise ConfigError(f"--min-train-acc must be a train accuracy in [0, 1], got {min_train_acc:g}")
+        cfg = replace(cfg, min_train_acc=min_train_acc)
+    if include_stale is not None:
+        cfg = replace(cfg, include_stale=include_stale or cfg.include_stale)
+    out = check_output_dir(out_dir or exp_dirs[0], "report folder")
+    records = load_records(exp_dirs)
+    damaged = [problem for rec in records for problem in rec.problems]
+    if damaged:
+        raise FlatbenchError(f"{len(damaged)} damaged file(s), e.g. {damaged[0]}: run `flatbench measure` on the "
+                             "experiment to repair measures.json files (their readable entries are kept), or "
+                             "move the damaged run away; the report was not written")
+    stale = []
+    if not cfg.include_stale:
+        stale = [rec for rec in records if current.get(rec.path.parent.parent) is not None
+                 and rec.run_id not in current[rec.path.parent.parent]]
+        records = [rec for rec in records if rec not in stale]
+    echo(f"building the report from {len(records)} runs"
+         + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
+    return write_report(exp_dirs, out, gap=cfg.gap, min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo,
+                        records=records, stale=stale, report_cfg=cfg)
+
+
 def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str = "acc",
                  min_train_acc: float = 0.0, quiet: bool = False, echo: Callable[[str], Any] = print,
-                 n_boot: int = 1000, seed: int = 0) -> ReportSummary:
-    """Read the experiment folders, compute the statistics, write every report file, print the ranking.
+                 n_boot: int = 1000, seed: int = 0, records: list[RunRecord] | None = None,
+                 stale: list[RunRecord] | None = None, report_cfg: Any = None) -> ReportSummary:
+    """Read the experiment folders (or use `records`), compute the statistics, write every report file,
+    print the ranking. `stale` runs are listed as not in this study.
 
-    `quiet` prints one line (where the report is and the best measure) instead of the table.
+    Refuses (FlatbenchError, nothing written) when no run can be used, so that a good report is never
+    replaced by an empty one. `quiet` prints one line (where the report is and the best measure).
     """
     start = time.perf_counter()
     exp_dirs = [Path(p) for p in exp_dirs]
     out_dir = Path(out_dir)
-    records = load_records(exp_dirs)
+    if records is None:
+        records = load_records(exp_dirs)
     table = build_table(exp_dirs, records=records)
     analysis = analyze(table, gap=gap, min_train_acc=min_train_acc, n_boot=n_boot, seed=seed)
+    if len(analysis.included) < MIN_RUNS:
+        reasons = sorted({str(r) for r in analysis.excluded["reason"]}) if len(analysis.excluded) else []
+        why = f"; {len(analysis.excluded)} excluded, e.g. {reasons[0]}" if reasons else ""
+        raise FlatbenchError(f"only {len(analysis.included)} usable run(s), a report needs at least {MIN_RUNS}"
+                             f"{why}; nothing was written (an existing report is kept)")
+    if stale:
+        extra = pd.DataFrame([{"run_id": rec.run_id, "experiment": rec.experiment, "status": rec.status,
+                               "reason": "not in this study (left by an earlier version of its config; "
+                                         "report --include-stale counts it)"} for rec in stale])
+        analysis.excluded = pd.concat([analysis.excluded, extra], ignore_index=True)
     notes = list(analysis.notes)
-    for rec in records:
-        notes.extend(f"{rec.experiment}/{rec.run_id}: {problem}" for problem in rec.problems)
     corr = analysis.correlations
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +179,8 @@ def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str
     summary = ReportSummary(
         out_dir=out_dir, table_csv=table_csv, correlations_csv=corr_csv, report_md=report_md,
         report_html=report_html, plots=[out_dir / "plots" / name for name, _, _ in figures],
-        n_runs=len(table), n_finished=int((table["status"] == "finished").sum()) if len(table) else 0,
+        n_runs=len(table) + len(stale or []),
+        n_finished=int((table["status"] == "finished").sum()) if len(table) else 0,
         n_included=len(analysis.included), excluded=analysis.excluded.to_dict(orient="records"),
         best_measure=best, correlations=corr, table=table, notes=notes,
         seconds=time.perf_counter() - start)

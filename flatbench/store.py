@@ -32,6 +32,8 @@ MODEL_FILE = "model.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
 MEASURES_JSON = "measures.json"
 STUDY_FILE = "study.yaml"
+SNAPSHOTS_DIR = "snapshots"
+SNAPSHOT_JSON = "snapshot.json"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -94,8 +96,52 @@ def read_json(path: str | os.PathLike) -> Any:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except json.JSONDecodeError as exc:
-        raise FlatbenchError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                             "delete it to recompute") from None
+        raise FlatbenchError(f"{path} is damaged (not valid JSON: {exc.msg} at line {exc.lineno})") from None
+
+
+def salvage_json_object(text: str) -> dict[str, Any]:
+    """The complete top-level `"key": value` entries of a JSON object whose text is damaged (e.g. cut off
+    by a full disk or a killed copy): each entry is decoded in turn until the first one that is not whole."""
+    decoder = json.JSONDecoder()
+    out: dict[str, Any] = {}
+    i = text.find("{")
+    if i < 0:
+        return out
+    i += 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "}":
+            break
+        try:
+            key, i = decoder.raw_decode(text, i)
+            while i < n and text[i] in " \t\r\n":
+                i += 1
+            if i >= n or text[i] != ":" or not isinstance(key, str):
+                break
+            i += 1
+            while i < n and text[i] in " \t\r\n":
+                i += 1
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        out[key] = value
+    return out
+
+
+def read_json_salvaged(path: str | os.PathLike) -> tuple[dict[str, Any], str | None]:
+    """A JSON object file read whole, or, if it is damaged, its readable entries and what was wrong.
+
+    Returns (entries, problem): problem is None for an intact file."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return salvage_json_object(text), f"{exc.msg} at line {exc.lineno}"
+    if not isinstance(data, dict):
+        return {}, "not a JSON object"
+    return data, None
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:

@@ -1,15 +1,21 @@
 """Training one run: seeded, resumable, with atomic per-epoch checkpoints.
 
-Determinism: the initial weights come from a seed derived from the run id, and every epoch's batch
-order, augmentation and dropout come from seeds derived from (run id, epoch). A run resumed from its
-epoch-k checkpoint therefore replays epochs k+1… exactly as an uninterrupted run does, and ends with
-bit-identical weights on the CPU.
+Determinism: the initial weights, every epoch's batch order, augmentation and dropout come from seeds
+derived from the config fields that shape them (`flatbench.seeding`), never from the run id. A run
+resumed from its epoch-k checkpoint therefore replays epochs k+1… exactly as an uninterrupted run does,
+and ends with bit-identical weights on the CPU.
+
+Endpoint: a run stops at `train.epochs`, or earlier at `train.target_train_acc` (running accuracy of an
+epoch) or `train.target_train_loss` (the loss of the whole training set in eval mode, evaluated every
+`train.eval_every` epochs together with the test set), so that every run of a study ends at a comparable
+point; models are kept at `train.snapshot_losses` on the way. run.json records whether the target was
+reached and the model's sha256 (so a replaced or edited model.pt is refused later).
 
 Preemption: SIGTERM / SIGUSR1 (what Slurm sends before a preemption or the time limit) or SIGUSR2
 (submitit's preemption and timeout signal) stops training at the next batch; the last epoch checkpoint
 stays on disk, the run is marked `preempted` and the process exits so that it can be requeued (the CLI
-with exit code 143; a submitit job requeues itself, see `flatbench.cluster`). Re-running resumes from
-the checkpoint.
+with exit code 143; a submitit job requeues itself, see `flatbench.cluster`). Ctrl-C marks it
+`interrupted` the same way. Re-running resumes from the checkpoint.
 
 Speed (`train.precision`, `train.compile`, `train.channels_last`): the data sit on the device and batches
 are index slices, loss and accuracy accumulate on the device, so an epoch has no host synchronization
@@ -33,11 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import flatbench
-from flatbench.config import RunConfig, run_config_from_dict
+from flatbench.config import RunConfig, identity_diff, run_config_from_dict
 from flatbench.errors import CheckpointError, FlatbenchError
-from flatbench.seeding import derive_seed, make_generator
-from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, RunLock, atomic_torch_save,
-                             atomic_write_json, read_json, torch_load)
+from flatbench.seeding import augment_generator, batch_generator, dropout_seed, init_seed
+from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOT_JSON, SNAPSHOTS_DIR, RunLock,
+                             atomic_torch_save, atomic_write_json, read_json, torch_load)
 
 
 class Preempted(Exception):
@@ -104,22 +110,43 @@ def make_optimizer_for(params: Any, cfg: RunConfig) -> torch.optim.Optimizer:
                            weight_decay=t.weight_decay)
 
 
+class InverseTimeDecay:
+    """lr_t = lr / (1 + decay·t) after t minibatch steps (the minimum-sharpness reference code's schedule).
+
+    A class rather than a lambda so that LambdaLR's state_dict (and so a checkpoint) records it."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+
+    def __call__(self, step: int) -> float:
+        return 1.0 / (1.0 + self.decay * step)
+
+
 def make_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The run's schedule; it steps once per epoch, except `inverse_time`, which steps once per minibatch
+    (see `steps_per_batch`)."""
     t = cfg.train
     if t.schedule == "cosine":
         return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=t.epochs)
     if t.schedule == "step":
         return torch.optim.lr_scheduler.StepLR(opt, step_size=t.step_size, gamma=t.gamma)
+    if t.schedule == "inverse_time":
+        return torch.optim.lr_scheduler.LambdaLR(opt, InverseTimeDecay(t.lr_decay))
     return None
+
+
+def steps_per_batch(cfg: RunConfig) -> bool:
+    """Whether the schedule steps after every minibatch (inverse_time) instead of every epoch."""
+    return cfg.train.schedule == "inverse_time"
 
 
 def init_model(run_id: str, cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int,
                device: torch.device) -> nn.Module:
-    """The run's initial model: built under a seed derived from the run id."""
+    """The run's initial model, built under `seeding.init_seed` (seed and model fields, not the run id)."""
     from flatbench.models import build_model
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed("init", run_id, cfg.seed))
+        torch.manual_seed(init_seed(cfg))
         model = build_model(cfg.model, input_shape, num_classes)
     return model.to(device)
 
@@ -178,21 +205,24 @@ class EpochStats:
 
 
 def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, ds: Any, cfg: RunConfig, run_id: str,
-                epoch: int, stop: _StopFlag, forward: Callable[[torch.Tensor], torch.Tensor] | None = None
-                ) -> EpochStats:
+                epoch: int, stop: _StopFlag, forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                sched: Any = None) -> EpochStats:
     """One pass over the training set; loss/accuracy accumulate on the device (no per-step sync).
 
-    `forward` (default: the model) is what computes the logits, e.g. from `training_forward`.
+    `forward` (default: the model) is what computes the logits, e.g. from `training_forward`. `sched` is
+    stepped after every minibatch when the schedule is per step (`steps_per_batch`); an epoch schedule is
+    the caller's to step.
     """
+    per_step = sched if sched is not None and steps_per_batch(cfg) else None
     from flatbench.data import augment_batch, epoch_batches
 
     forward = forward if forward is not None else model
     channels_last = uses_channels_last(model, cfg, ds.x_train.device)
 
     device = ds.x_train.device
-    gen = make_generator("batches", run_id, cfg.seed, epoch, device=device)
-    aug_gen = make_generator("augment", run_id, cfg.seed, epoch, device=device)
-    torch.manual_seed(derive_seed("dropout", run_id, cfg.seed, epoch))
+    gen = batch_generator(cfg, epoch, device=device)
+    aug_gen = augment_generator(cfg, epoch, device=device)
+    torch.manual_seed(dropout_seed(cfg, epoch))
     pad = 4 if ds.x_train.shape[-1] >= 32 else 2
     flip = ds.name == "cifar10"
     model.train()
@@ -212,6 +242,8 @@ def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, ds: Any, cfg: RunC
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if per_step is not None:
+            per_step.step()
         loss_sum += loss.detach().double() * idx.numel()
         correct += (logits.detach().argmax(dim=1) == y).sum()
     return EpochStats(float(loss_sum) / ds.n_train, int(correct) / ds.n_train)
@@ -244,21 +276,72 @@ def _load_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, s
 
 
 def check_run_dir(run_path: Path, run_id: str, cfg: RunConfig) -> str:
-    """'new', 'finished' or 'resume'; a folder holding a different config is an error (never overwritten)."""
+    """'new', 'finished' or 'resume'.
+
+    A folder whose run.json holds another config than the run's (a hand-edited run.json, an id collision)
+    or whose model.pt does not match the hash recorded at the end of training is refused with one line
+    naming what differs: it is never overwritten, retrained or measured.
+    """
     if not (run_path / RUN_JSON).is_file():
         return "new"
     info = read_json(run_path / RUN_JSON)
-    if info.get("config_hash") != cfg.config_hash():
-        raise FlatbenchError(f"{run_path} holds run '{run_id}' trained with a different config; "
-                             "use another --out or experiment name, or delete that folder")
+    check_identity(run_path, info, cfg)
     if info.get("status") == "finished" and (run_path / MODEL_FILE).is_file():
+        check_model_hash(run_path, info)
         return "finished"
     return "resume"
 
 
+def check_identity(run_path: Path, info: dict, cfg: RunConfig) -> None:
+    """Refuse a run folder whose stored config is not `cfg` (one line naming the differing keys)."""
+    stored = info.get("config")
+    if not isinstance(stored, dict):
+        raise FlatbenchError(f"{run_path / RUN_JSON} has no config; delete the folder to retrain the run")
+    try:
+        stored_cfg = run_config_from_dict(stored)
+    except FlatbenchError as exc:
+        raise FlatbenchError(f"{run_path / RUN_JSON} holds an invalid config ({exc})") from None
+    diff = identity_diff(stored_cfg, cfg)
+    if diff:
+        raise FlatbenchError(f"{run_path} holds another run than its id says ({'; '.join(diff)}); it was "
+                             "edited by hand or two configs collide: move it away or delete it")
+    if stored_cfg.run_id() != run_path.name:
+        raise FlatbenchError(f"{run_path}: its run.json describes run {stored_cfg.run_id()}, not "
+                             f"{run_path.name}; move it away or delete it")
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_model_hash(run_path: Path, info: dict, model_file: Path | None = None,
+                     recorded: str | None = None) -> None:
+    """Refuse a model.pt (or a snapshot's) whose sha256 differs from the one recorded when it was written."""
+    path = model_file or Path(run_path) / MODEL_FILE
+    expected = recorded if recorded is not None else info.get("model_sha256")
+    if expected is None:
+        return  # written before hashes were recorded
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; delete the run folder to retrain it")
+    if file_sha256(path) != expected:
+        raise CheckpointError(f"{path} is not the file its run wrote (sha256 differs from run.json): it was "
+                              "replaced or edited; delete the run folder to retrain it")
+
+
 def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device, *, sweep_axes: tuple = (),
               progress: bool = True, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train one run to completion (or resume it); returns its run.json content."""
+    """Train one run to its endpoint (or resume it); returns its run.json content.
+
+    The endpoint: `train.epochs`, or earlier `train.target_train_acc` / `train.target_train_loss`
+    (`reached_endpoint`). Every `train.eval_every` epochs the whole training set (eval mode) and the test
+    set are evaluated (`epoch_record`); models are kept at `train.snapshot_losses` (`save_snapshots`).
+    """
     from flatbench.data import load_dataset
 
     run_path = Path(run_path)
@@ -284,23 +367,22 @@ def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device,
         prior_seconds = sum(h.get("seconds", 0.0) for h in history)
         epoch = start_epoch
         try:
-            while epoch < cfg.train.epochs:
-                if history and cfg.train.target_train_acc is not None \
-                        and history[-1]["train_acc"] >= cfg.train.target_train_acc:
-                    break
+            while epoch < cfg.train.epochs and not reached_endpoint(cfg, history):
                 e0 = time.perf_counter()
-                stats = train_epoch(model, opt, ds, cfg, run_id, epoch, stop, forward)
-                if sched is not None:
+                stats = train_epoch(model, opt, ds, cfg, run_id, epoch, stop, forward, sched)
+                if sched is not None and not steps_per_batch(cfg):
                     sched.step()
                 epoch += 1
-                history.append({"epoch": epoch, "train_loss": stats.loss, "train_acc": stats.acc,
-                                "lr": opt.param_groups[0]["lr"], "seconds": round(time.perf_counter() - e0, 3)})
+                history.append(epoch_record(model, ds, cfg, epoch, stats, opt.param_groups[0]["lr"],
+                                            time.perf_counter() - e0))
+                save_snapshots(model, cfg, run_path, history, ds)
                 _write_checkpoint(ckpt_path, model, opt, sched, epoch, history, cfg.config_hash())
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{stats.acc:.3f}")
-        except Preempted:
-            info.update(status="preempted", history=history, epochs=epoch)
+                    bar.set_postfix(progress_fields(history[-1]))
+        except (Preempted, KeyboardInterrupt) as exc:
+            status = "preempted" if isinstance(exc, Preempted) else "interrupted"
+            info.update(status=status, history=history, epochs=epoch)
             atomic_write_json(run_path / RUN_JSON, info)
             raise
         finally:
@@ -308,6 +390,93 @@ def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device,
                 bar.close()
         return finish_run(run_id, cfg, run_path, model, ds, info, history, epoch,
                           prior_seconds + time.perf_counter() - t0, progress=progress, echo=echo)
+
+
+# ---------------------------------------------------------------- the endpoint: evaluation, targets, snapshots
+
+
+def evaluates_at(cfg: RunConfig, epoch: int) -> bool:
+    """Whether the end of `epoch` (1-based) evaluates the whole training and test sets."""
+    return epoch % cfg.train.eval_every == 0 or epoch >= cfg.train.epochs
+
+
+def epoch_record(model: nn.Module, ds: Any, cfg: RunConfig, epoch: int, stats: EpochStats, lr: float,
+                 seconds: float) -> dict[str, Any]:
+    """One history entry: the epoch's running train loss/accuracy (training mode, as the optimizer saw
+    them), and at evaluation epochs the whole training set's loss/accuracy in eval mode on the labels
+    trained on (`eval_train_*`, what the loss target and snapshots use) and the test set's."""
+    record: dict[str, Any] = {"epoch": epoch, "train_loss": stats.loss, "train_acc": stats.acc, "lr": float(lr),
+                              "seconds": round(seconds, 3)}
+    if evaluates_at(cfg, epoch):
+        bs = cfg.train.eval_batch_size
+        record["eval_train_loss"], record["eval_train_acc"] = evaluate(model, ds.x_train, ds.y_train, bs)
+        record["test_loss"], record["test_acc"] = evaluate(model, ds.x_test, ds.y_test, bs)
+    return record
+
+
+def reached_endpoint(cfg: RunConfig, history: list[dict]) -> bool:
+    """Whether training stops after the last epoch in `history`: its running train accuracy reached
+    `target_train_acc`, or its evaluated whole-training-set loss reached `target_train_loss`."""
+    if not history:
+        return False
+    last = history[-1]
+    t = cfg.train
+    if t.target_train_acc is not None and last["train_acc"] >= t.target_train_acc:
+        return True
+    loss = last.get("eval_train_loss")
+    return t.target_train_loss is not None and loss is not None and loss <= t.target_train_loss
+
+
+def progress_fields(record: dict) -> dict[str, str]:
+    """What the progress bar shows after an epoch."""
+    fields = {"loss": f"{record.get('eval_train_loss', record['train_loss']):.3g}",
+              "acc": f"{record.get('eval_train_acc', record['train_acc']):.3f}"}
+    if "test_acc" in record:
+        fields["test"] = f"{record['test_acc']:.3f}"
+    return fields
+
+
+def snapshot_path(run_path: Path, level: float) -> Path:
+    """Folder of the model kept when the training loss first reached `level`."""
+    return Path(run_path) / SNAPSHOTS_DIR / f"loss_{level:g}"
+
+
+def save_snapshots(model: nn.Module, cfg: RunConfig, run_path: Path, history: list[dict], ds: Any
+                   ) -> list[float]:
+    """Keep the model at every `train.snapshot_losses` level that the last evaluation reached for the first
+    time: `snapshots/loss_<level>/model.pt` and `snapshot.json` (epoch, losses, accuracies, gaps, the
+    model's sha256). Returns the levels saved now. A level already on disk is kept (a resumed run)."""
+    last = history[-1] if history else {}
+    loss = last.get("eval_train_loss")
+    if loss is None:
+        return []
+    saved = []
+    for level in sorted(cfg.train.snapshot_losses, reverse=True):
+        folder = snapshot_path(run_path, level)
+        if loss > level or (folder / SNAPSHOT_JSON).is_file():
+            continue
+        atomic_torch_save(folder / MODEL_FILE, model_blob(model, cfg, Path(run_path).name, ds))
+        record = {"level": level, "epoch": last["epoch"], "train_loss": loss, "train_acc": last["eval_train_acc"],
+                  "test_loss": last["test_loss"], "test_acc": last["test_acc"],
+                  "gap_acc": last["eval_train_acc"] - last["test_acc"],
+                  "gap_loss": last["test_loss"] - loss, "model_sha256": file_sha256(folder / MODEL_FILE)}
+        atomic_write_json(folder / SNAPSHOT_JSON, record)
+        saved.append(level)
+    return saved
+
+
+def list_snapshots(run_path: Path) -> list[dict]:
+    """The snapshot records of a run, largest loss level first."""
+    base = Path(run_path) / SNAPSHOTS_DIR
+    if not base.is_dir():
+        return []
+    records = []
+    for folder in base.iterdir():
+        if (folder / SNAPSHOT_JSON).is_file():
+            rec = read_json(folder / SNAPSHOT_JSON)
+            rec["path"] = f"{SNAPSHOTS_DIR}/{folder.name}"
+            records.append(rec)
+    return sorted(records, key=lambda r: -float(r["level"]))
 
 
 def restore_run(run_id: str, cfg: RunConfig, run_path: Path, ds: Any, device: torch.device
@@ -336,34 +505,51 @@ def start_info(run_id: str, cfg: RunConfig, ds: Any, device: torch.device, sweep
     }
 
 
+def model_blob(model: nn.Module, cfg: RunConfig, run_id: str, ds: Any) -> dict[str, Any]:
+    """What model.pt holds: the weights (standard layout) and what is needed to rebuild the model."""
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "run_id": run_id, "config": cfg.to_dict(),
+            "input_shape": list(ds.input_shape), "num_classes": ds.num_classes}
+
+
 def finish_run(run_id: str, cfg: RunConfig, run_path: Path, model: nn.Module, ds: Any, info: dict[str, Any],
                history: list[dict], epoch: int, seconds: float, *, progress: bool = True,
                echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Evaluate the trained model, write model.pt and the final run.json, drop the checkpoint."""
+    """Evaluate the trained model, write model.pt (and its hash) and the final run.json, drop the
+    checkpoint, and say how the run ended (one line, also without progress bars)."""
     run_path = Path(run_path)
     train_loss, train_acc = evaluate(model, ds.x_train, ds.y_train, cfg.train.eval_batch_size)
     test_loss, test_acc = evaluate(model, ds.x_test, ds.y_test, cfg.train.eval_batch_size)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}  # channels_last → standard layout
-    atomic_torch_save(run_path / MODEL_FILE, {"state_dict": state, "run_id": run_id,
-                                              "config": cfg.to_dict(), "input_shape": list(ds.input_shape),
-                                              "num_classes": ds.num_classes})
+    atomic_torch_save(run_path / MODEL_FILE, model_blob(model, cfg, run_id, ds))
+    t = cfg.train
+    reached = None
+    if t.target_train_loss is not None:
+        reached = train_loss <= t.target_train_loss
+    elif t.target_train_acc is not None:
+        reached = bool(history) and history[-1]["train_acc"] >= t.target_train_acc
     info.update(status="finished", history=history, epochs=epoch, train_acc=train_acc, train_loss=train_loss,
                 test_acc=test_acc, test_loss=test_loss, gap_acc=train_acc - test_acc,
                 gap_loss=test_loss - train_loss if math.isfinite(test_loss) else float("nan"),
-                seconds=round(seconds, 3))
+                reached_target=reached, snapshots=list_snapshots(run_path),
+                model_sha256=file_sha256(run_path / MODEL_FILE), seconds=round(seconds, 3))
     atomic_write_json(run_path / RUN_JSON, info)
     (run_path / CHECKPOINT_FILE).unlink(missing_ok=True)
-    if not progress:
-        echo(f"{run_id}: train acc {train_acc:.3f}, test acc {test_acc:.3f}, gap {train_acc - test_acc:.3f}"
-             f" ({epoch} epochs, {info['seconds']:.1f}s)")
+    ended = "" if reached is None else (", target reached" if reached else ", target NOT reached")
+    echo(f"{run_id}: train acc {train_acc:.4g}, test acc {test_acc:.4g}, gap {train_acc - test_acc:.4g}, "
+         f"train loss {train_loss:.4g} ({epoch} epochs{ended}, {info['seconds']:.1f}s)")
     return info
 
 
-def load_model(run_path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """Rebuild a finished run's model from model.pt (corrupt files give a one-line CheckpointError)."""
+def load_model(run_path: str | Path, device: str | torch.device = "cpu", model_file: Path | None = None,
+               sha256: str | None = None) -> nn.Module:
+    """Rebuild a finished run's model from model.pt, or from `model_file` (a snapshot's) checked against
+    `sha256`; a corrupt, replaced or edited file gives a one-line CheckpointError."""
     from flatbench.models import build_model
 
-    path = Path(run_path) / MODEL_FILE
+    path = model_file or Path(run_path) / MODEL_FILE
+    if sha256 is not None or model_file is None:
+        info = read_json(Path(run_path) / RUN_JSON) if (Path(run_path) / RUN_JSON).is_file() else {}
+        check_model_hash(Path(run_path), info, path, sha256)
     blob = torch_load(path, map_location=device)
     if not isinstance(blob, dict) or "state_dict" not in blob or "config" not in blob:
         raise CheckpointError(f"{path} is not a flatbench model file; delete the run folder to retrain")

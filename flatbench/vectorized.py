@@ -9,8 +9,8 @@ batched kernel for the whole group.
 Each run of a group keeps everything it has when trained alone:
 - its initial weights (`train.init_model`, seeded by its run id),
 - its training set and labels (`data.load_dataset` with its own seed and ratio; equal inputs are shared),
-- its batch order and augmentation (the same `make_generator("batches" | "augment", run_id, seed, epoch)`
-  streams as `train.train_epoch`),
+- its batch order and augmentation (the same `seeding.batch_generator` / `augment_generator` streams as
+  `train.train_epoch`),
 - its optimizer state: Adam and SGD update each element from that element's gradient and state alone,
   and the group's loss is the sum of the runs' mean losses, so one torch optimizer over the stacked
   tensors performs every run's own update (learning rate, weight decay and schedule are shared by
@@ -20,7 +20,7 @@ Each run of a group keeps everything it has when trained alone:
 Weights equal those of sequential training up to float rounding (batched and single matrix products
 round differently); tests/test_vectorized.py checks this.
 
-Early stopping (`train.target_train_acc`): a run that reaches its target at the end of an epoch is
+Early stopping (`train.target_train_acc`, `train.target_train_loss`): a run that reaches its target at the end of an epoch is
 finished (evaluated and written) and leaves the group; the others go on with the group re-stacked
 without it, so it is frozen exactly at that epoch. Runs resumed from checkpoints of different epochs
 are trained as separate sub-groups.
@@ -46,7 +46,7 @@ from torch import nn
 from torch.func import functional_call
 
 from flatbench.config import RunConfig
-from flatbench.seeding import make_generator
+from flatbench.seeding import augment_generator, batch_generator
 from flatbench.store import CHECKPOINT_FILE, RUN_JSON, RunLock, RunLocked, atomic_write_json, run_dir
 
 AUTO_GROUP_SIZE = 16
@@ -266,14 +266,15 @@ class VectorizedGroup:
     def train_epoch(self, epoch: int, stop: Any = None) -> list[tuple[float, float]]:
         """One epoch of every member: (mean train loss, train accuracy) per member, in member order."""
         from flatbench.data import augment_batch, epoch_batches
-        from flatbench.train import autocast
+        from flatbench.train import autocast, steps_per_batch
 
         cfg, dev = self.cfg, self.device
+        per_step = self.sched is not None and steps_per_batch(cfg)
         G, n, bs = len(self.members), self.n_train, cfg.train.batch_size
-        perms = torch.stack([torch.cat(epoch_batches(n, bs, make_generator("batches", m.run_id, m.cfg.seed,
+        perms = torch.stack([torch.cat(epoch_batches(n, bs, batch_generator(m.cfg,
                                                                            epoch, device=dev)))
                              for m in self.members])
-        aug_gens = [make_generator("augment", m.run_id, m.cfg.seed, epoch, device=dev) for m in self.members] \
+        aug_gens = [augment_generator(m.cfg, epoch, device=dev) for m in self.members] \
             if cfg.data.augment else None
         x_any = self._x_single if self._x_single is not None else self._x_stack[0]
         pad = 4 if x_any.shape[-1] >= 32 else 2
@@ -298,12 +299,17 @@ class VectorizedGroup:
             self.opt.zero_grad(set_to_none=True)
             losses.sum().backward()
             self.opt.step()
+            if per_step:
+                self.sched.step()
             loss_sum += losses.detach().double() * B
             correct += (logits.detach().argmax(dim=-1) == y).sum(dim=1)
         return [(loss / n, c / n) for loss, c in zip(loss_sum.tolist(), correct.tolist())]
 
     def step_schedule(self) -> None:
-        if self.sched is not None:
+        """End of an epoch: step an epoch schedule (a per-step one stepped inside `train_epoch`)."""
+        from flatbench.train import steps_per_batch
+
+        if self.sched is not None and not steps_per_batch(self.cfg):
             self.sched.step()
 
     @property
@@ -379,27 +385,28 @@ def train_group(runs: list[tuple[str, RunConfig]], exp_dir: str | Path, device: 
         except BaseException as exc:
             from flatbench.train import Preempted
 
-            if isinstance(exc, Preempted):
+            if isinstance(exc, (Preempted, KeyboardInterrupt)):
+                status = "preempted" if isinstance(exc, Preempted) else "interrupted"
                 for m in pending:
                     if m.info.get("status") != "finished":
-                        m.info.update(status="preempted", history=m.history, epochs=len(m.history))
+                        m.info.update(status=status, history=m.history, epochs=len(m.history))
                         atomic_write_json(m.path / RUN_JSON, m.info)
             raise
     return outcome
 
 
 def _train_bucket(members: list[Member], device: torch.device, stop: Any, *, progress: bool, echo: Echo) -> None:
-    """Train members that start at the same epoch to their end, finishing each when it is done."""
-    from flatbench.train import _write_checkpoint, finish_run
+    """Train members that start at the same epoch to their end, finishing each when it is done.
+
+    The endpoint, evaluation and snapshots are `flatbench.train`'s (`reached_endpoint`, `epoch_record`,
+    `save_snapshots`), applied to each member's own model after the group's weights are written back."""
+    from flatbench.train import (EpochStats, _write_checkpoint, epoch_record, finish_run, progress_fields,
+                                 reached_endpoint, save_snapshots)
 
     cfg = members[0].cfg
     epoch = members[0].start_epoch
     prior = {m.run_id: sum(h.get("seconds", 0.0) for h in m.history) for m in members}
     t0 = time.perf_counter()
-
-    def done(m: Member) -> bool:
-        target = m.cfg.train.target_train_acc
-        return bool(m.history) and target is not None and m.history[-1]["train_acc"] >= target
 
     def finish(m: Member) -> None:
         finish_run(m.run_id, m.cfg, m.path, m.model, m.ds, m.info, m.history, len(m.history),
@@ -407,7 +414,7 @@ def _train_bucket(members: list[Member], device: torch.device, stop: Any, *, pro
 
     active = []
     for m in members:
-        if done(m):
+        if reached_endpoint(m.cfg, m.history):
             finish(m)
         else:
             active.append(m)
@@ -429,16 +436,17 @@ def _train_bucket(members: list[Member], device: torch.device, stop: Any, *, pro
             group.step_schedule()
             epoch += 1
             group.write_back()
-            seconds = round(time.perf_counter() - e0, 3)
+            seconds = time.perf_counter() - e0
             for m, (loss, acc) in zip(group.members, stats):
-                m.history.append({"epoch": epoch, "train_loss": loss, "train_acc": acc, "lr": group.lr,
-                                  "seconds": seconds})
+                m.history.append(epoch_record(m.model, m.ds, m.cfg, epoch, EpochStats(loss, acc), group.lr,
+                                              seconds))
+                save_snapshots(m.model, m.cfg, m.path, m.history, m.ds)
                 _write_checkpoint(m.path / CHECKPOINT_FILE, m.model, m.opt, m.sched, epoch, m.history,
                                   m.cfg.config_hash())
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(acc=f"{min(a for _, a in stats):.3f}-{max(a for _, a in stats):.3f}")
-            finished = [i for i, m in enumerate(group.members) if done(m)]
+                bar.set_postfix(progress_fields(group.members[0].history[-1]))
+            finished = [i for i, m in enumerate(group.members) if reached_endpoint(m.cfg, m.history)]
             if finished:
                 for i in finished:
                     finish(group.members[i])

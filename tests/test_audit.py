@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from flatbench.audit import audit
+from flatbench.cli import audit
 from flatbench.config import parse_study
 from flatbench.store import run_dir
 from flatbench.train import train_run

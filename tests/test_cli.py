@@ -1,30 +1,54 @@
-"""The real CLI: an end-to-end tiny study, re-runs, and every bad input as one line with exit code 2."""
+"""The real CLI: an end-to-end tiny study, run identity, re-runs, stale runs and readable output.
+
+Every bad input has its own test in tests/test_cli_errors.py.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
-from conftest import run_cli
+from conftest import TINY, run_cli
+from flatbench.config import load_study, parse_study
 
-RUN_IDS = ["mlp-mnist_mini-r0.00-s0", "mlp-mnist_mini-r1.00-s0"]
+RUN_IDS = sorted(parse_study(TINY).run_ids())
 
 
 @pytest.fixture(scope="module")
 def finished_study(tmp_path_factory):
-    """One tiny study run end to end through `flatbench run` (shared by the tests below)."""
-    import yaml
-
-    from conftest import TINY
-
+    """One tiny study run end to end through `flatbench run` (shared by the tests below; copy it to
+    change it)."""
     root = tmp_path_factory.mktemp("e2e")
     cfg = root / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(TINY))
-    result = run_cli("run", str(cfg), "--out", str(root / "out"), "--device", "cpu", "--quiet")
+    result = run_cli("run", str(cfg), "--out", str(root / "out"), "--device", "cpu")
     assert result.returncode == 0, result.stderr
     return cfg, root / "out" / "tiny", result
+
+
+def _copy(finished_study, tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy of the finished study: (its config pointing at the copy's root, the experiment)."""
+    cfg, exp, _ = finished_study
+    exp_copy = tmp_path / "out" / "tiny"
+    shutil.copytree(exp, exp_copy)
+    return cfg, exp_copy
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- end to end
 
 
 def test_run_writes_every_file_and_column(finished_study):
@@ -33,6 +57,8 @@ def test_run_writes_every_file_and_column(finished_study):
         run = exp / "runs" / rid
         assert (run / "run.json").is_file() and (run / "model.pt").is_file()
         assert (run / "measures.json").is_file()
+        info = json.loads((run / "run.json").read_text())
+        assert info["model_sha256"] == _sha(run / "model.pt")
     for name in ("table.csv", "correlations.csv", "report.md", "study.yaml"):
         assert (exp / name).is_file(), name
     assert (exp / "plots").is_dir() and list((exp / "plots").glob("*.png"))
@@ -46,8 +72,30 @@ def test_run_writes_every_file_and_column(finished_study):
     assert "frobenius_norm" in result.stdout
 
 
-def test_rerun_skips_finished_runs_and_measures(finished_study):
-    cfg, exp, _ = finished_study
+def test_training_output_ends_each_run_with_its_accuracies_and_gap(finished_study):
+    _cfg, exp, result = finished_study
+    for rid in RUN_IDS:
+        info = json.loads((exp / "runs" / rid / "run.json").read_text())
+        line = next(l for l in result.stdout.splitlines() if l.startswith(f"{rid}: train acc"))
+        assert f"test acc {info['test_acc']:.4g}" in line and f"gap {info['gap_acc']:.4g}" in line
+
+
+def test_values_are_printed_with_four_significant_digits(finished_study):
+    _cfg, exp, result = finished_study
+    entries = json.loads((exp / "runs" / RUN_IDS[0] / "measures.json").read_text())
+    value = entries["frobenius_norm"]["values"]["frobenius_norm"]
+    line = next(l for l in result.stdout.splitlines() if RUN_IDS[0] in l and "frobenius_norm" in l)
+    assert f"{value:.4g}" in line.split() and repr(value) not in line
+
+
+def test_redirected_output_has_no_progress_bars(finished_study):
+    _cfg, _exp, result = finished_study
+    assert "\r" not in result.stdout and "\r" not in result.stderr
+    assert "it/s" not in result.stderr and "ep/s" not in result.stderr
+
+
+def test_rerun_skips_finished_runs_and_measures(finished_study, tmp_path):
+    cfg, exp = _copy(finished_study, tmp_path)
     run = exp / "runs" / RUN_IDS[0]
     before = ((run / "model.pt").stat().st_mtime_ns, (run / "measures.json").read_text())
     again = run_cli("run", str(cfg), "--out", str(exp.parent), "--device", "cpu", "--quiet")
@@ -55,80 +103,123 @@ def test_rerun_skips_finished_runs_and_measures(finished_study):
     assert ((run / "model.pt").stat().st_mtime_ns, (run / "measures.json").read_text()) == before
 
 
-def test_measure_on_experiment_folder_with_force_and_subset(finished_study):
-    _cfg, exp, _ = finished_study
+def test_measure_force_recomputes_only_the_chosen_measure(finished_study, tmp_path):
+    _cfg, exp = _copy(finished_study, tmp_path)
+    path = exp / "runs" / RUN_IDS[0] / "measures.json"
+    before = json.loads(path.read_text())
     result = run_cli("measure", str(exp), "--measures", "frobenius_norm", "--force", "--device", "cpu")
     assert result.returncode == 0, result.stderr
-    assert "measured 2 runs" in result.stdout
+    assert "measured 3 models" in result.stdout
+    after = json.loads(path.read_text())
+    assert after["frobenius_norm"]["values"] == before["frobenius_norm"]["values"]  # deterministic
+    assert after["spectral_norm"] == before["spectral_norm"]  # not recomputed: byte-for-byte the same entry
 
 
-def test_list_measures_shows_the_registry():
+def test_changed_measure_settings_recompute_the_entry(finished_study, tmp_path):
+    """An entry computed with other settings is not mixed into a study that asks for new ones."""
+    _cfg, exp = _copy(finished_study, tmp_path)
+    result = run_cli("measure", str(exp), "measure.settings={spectral_norm: {iters: 7}}", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    entry = json.loads((exp / "runs" / RUN_IDS[0] / "measures.json").read_text())["spectral_norm"]
+    assert entry["settings"]["iters"] == 7
+    assert entry["context"] == {"n_examples": 200, "dtype": "float64", "normalized_ce_tau": 1.0}
+
+
+# ---------------------------------------------------------------- run identity
+
+
+def test_growing_a_study_keeps_its_finished_runs(finished_study, tmp_path):
+    cfg, exp = _copy(finished_study, tmp_path)
+    before = {rid: _sha(exp / "runs" / rid / "model.pt") for rid in RUN_IDS}
+    grown = run_cli("train", str(cfg), "--out", str(exp.parent), "--device", "cpu", "--quiet",
+                    "model.widths=[[32], [16]]")
+    assert grown.returncode == 0, grown.stderr
+    assert "3 trained, 3 already finished" in grown.stdout
+    for rid, sha in before.items():
+        assert _sha(exp / "runs" / rid / "model.pt") == sha
+    assert len(list((exp / "runs").iterdir())) == 6
+
+
+def test_another_lr_is_other_runs_and_the_old_ones_are_not_in_the_study(finished_study, tmp_path):
+    cfg, exp = _copy(finished_study, tmp_path)
+    result = run_cli("run", str(cfg), "--out", str(exp.parent), "--device", "cpu", "--quiet", "train.lr=0.01")
+    assert result.returncode == 0, result.stderr
+    new_ids = sorted(load_study(cfg, ["train.lr=0.01"]).run_ids())
+    assert not set(new_ids) & set(RUN_IDS)
+    table = pd.read_csv(exp / "table.csv")
+    assert sorted(table["run_id"]) == new_ids
+    assert (table["train.lr"] == 0.01).all()
+    report = (exp / "report.md").read_text()
+    for rid in RUN_IDS:
+        assert re.search(rf"`{rid}`.*not in this study", report), rid
+    status = run_cli("status", str(exp))
+    assert "3 run folder(s) not in this study" in status.stdout
+    both = run_cli("report", str(exp), "--include-stale", "--quiet")
+    assert both.returncode == 0, both.stderr
+    assert sorted(pd.read_csv(exp / "table.csv")["run_id"]) == sorted(new_ids + RUN_IDS)
+
+
+def test_hand_edited_run_json_is_refused_naming_the_keys(finished_study, tmp_path):
+    cfg, exp = _copy(finished_study, tmp_path)
+    path = exp / "runs" / RUN_IDS[1] / "run.json"
+    info = json.loads(path.read_text())
+    info["config"]["train"]["lr"] = 0.5
+    path.write_text(json.dumps(info))
+    result = run_cli("train", str(cfg), "--out", str(exp.parent), "--device", "cpu")
+    assert result.returncode == 2
+    assert "train.lr: stored 0.5, expected 0.003" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    measured = run_cli("measure", str(exp), "--force", "--device", "cpu", "--quiet")
+    assert measured.returncode == 2 and f"{RUN_IDS[1]}/run.json describes run" in measured.stderr
+
+
+def test_replaced_model_file_is_detected(finished_study, tmp_path):
+    cfg, exp = _copy(finished_study, tmp_path)
+    a, b = (exp / "runs" / rid / "model.pt" for rid in RUN_IDS[:2])
+    shutil.copyfile(b, a)  # a valid model file, but not the one this run wrote
+    measured = run_cli("measure", str(exp), "--force", "--device", "cpu", "--quiet")
+    assert measured.returncode == 2 and "sha256 differs" in measured.stderr
+    other = json.loads((exp / "runs" / RUN_IDS[1] / "measures.json").read_text())
+    assert all(e["status"] == "ok" for e in other.values())  # the other run was measured
+    status = run_cli("status", str(exp))
+    assert re.search(r"1\s+damaged", status.stdout) and "sha256 differs" in status.stdout
+    trained = run_cli("train", str(cfg), "--out", str(exp.parent), "--device", "cpu")
+    assert trained.returncode == 2 and "sha256 differs" in trained.stderr
+
+
+# ---------------------------------------------------------------- output a person reads
+
+
+def test_help_does_not_import_torch():
+    """`flatbench --help` must be instant: the CLI module imports neither torch nor the stages."""
+    code = "import sys, flatbench.cli; print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_bare_flatbench_shows_help_and_exits_0():
+    result = run_cli()
+    assert result.returncode == 0 and "Usage:" in result.stdout and "run" in result.stdout
+    assert result.stderr == ""
+
+
+def test_list_measures_columns_stay_aligned():
     result = run_cli("list-measures")
     assert result.returncode == 0
-    for name in ("frobenius_norm", "spectral_norm", "path_norm"):
-        assert name in result.stdout
+    lines = result.stdout.splitlines()
+    header = lines[0]
+    starts = [header.index(col) for col in ("invariant to", "cost", "description")]
+    for line in lines[1:]:
+        for start in starts:
+            assert line[start - 2:start] == "  " and line[start] != " ", line
+    for name in ("frobenius_norm", "spectral_norm", "path_norm", "normalized_sharpness"):
+        assert any(l.startswith(name + " ") for l in lines)
 
 
-def _assert_one_line_error(result, fragment):
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert fragment in lines[0] and "Traceback" not in result.stderr
-
-
-@pytest.mark.parametrize("changes, fragment", [
-    ({"trian": {"epochs": 1}}, "unknown key 'trian'"),
-    ({"train": {"epochs": "three"}}, "expected an integer"),
-    ({"data": {"random_label_ratio": 2}}, "must be in [0, 1]"),
-    ({"model": {"name": "resnet"}}, "unknown model 'resnet'"),
-    ({"data": {"dataset": "svhn"}}, "unknown dataset 'svhn'"),
-    ({"measure": {"measures": ["sharpiness"]}}, "unknown measure 'sharpiness'"),
-])
-def test_bad_config_is_one_line_and_exit_2(write_config, tmp_path, changes, fragment):
-    result = run_cli("run", str(write_config(changes)), "--out", str(tmp_path / "o"), "--device", "cpu")
-    _assert_one_line_error(result, fragment)
-
-
-def test_missing_and_invalid_config_files(tmp_path):
-    _assert_one_line_error(run_cli("train", str(tmp_path / "none.yaml")), "config file not found")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("data: {dataset: mnist_mini\n")
-    _assert_one_line_error(run_cli("train", str(bad)), "invalid YAML")
-
-
-def test_unknown_measure_on_the_command_line(finished_study):
-    _cfg, exp, _ = finished_study
-    _assert_one_line_error(run_cli("measure", str(exp), "--measures", "nope"), "unknown measure 'nope'")
-
-
-def test_corrupt_checkpoint_is_one_line_and_loses_nothing(finished_study, tmp_path):
-    _cfg, exp, _ = finished_study
-    copy = tmp_path / "copy"
-    shutil.copytree(exp, copy)
-    model = copy / "runs" / RUN_IDS[0] / "model.pt"
-    model.write_bytes(b"not a checkpoint")
-    other = (copy / "runs" / RUN_IDS[1] / "measures.json").read_text()
-    result = run_cli("measure", str(copy), "--force", "--measures", "frobenius_norm", "--device", "cpu")
-    _assert_one_line_error(result, "corrupt")
-    assert model.read_bytes() == b"not a checkpoint"
-    assert (copy / "runs" / RUN_IDS[1] / "measures.json").read_text() == other
-
-
-def test_corrupt_training_checkpoint(write_config, tmp_path):
-    cfg = write_config({"data": {"random_label_ratio": 0.0}})
-    run = tmp_path / "o" / "tiny" / "runs" / "mlp-mnist_mini-r0.00-s0"
-    run.mkdir(parents=True)
-    from flatbench.config import load_study
-    from flatbench.store import atomic_write_json
-
-    _, run_cfg = load_study(cfg).runs[0]
-    atomic_write_json(run / "run.json", {"run_id": run.name, "status": "running",
-                                         "config_hash": run_cfg.config_hash()})
-    (run / "checkpoint.pt").write_bytes(b"\x00garbage")
-    result = run_cli("train", str(cfg), "--out", str(tmp_path / "o"), "--device", "cpu")
-    _assert_one_line_error(result, "checkpoint.pt is corrupt")
-    assert (run / "checkpoint.pt").read_bytes() == b"\x00garbage"
-
-
-def test_report_on_a_folder_that_is_not_an_experiment(tmp_path):
-    _assert_one_line_error(run_cli("report", str(tmp_path)), "not a flatbench experiment folder")
+def test_readme_quickstart_block_is_the_real_config():
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    config = (root / "configs" / "quickstart.yaml").read_text()
+    match = re.search(r"<!-- configs/quickstart\.yaml -->\n```yaml\n(.*?)```", readme, re.S)
+    assert match, "README must show configs/quickstart.yaml in a ```yaml block after its marker comment"
+    assert match.group(1) == config

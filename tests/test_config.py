@@ -12,7 +12,7 @@ def test_defaults_and_single_run():
     study = parse_study({"data": {"random_label_ratio": 0.3}}, default_name="x")
     assert len(study.runs) == 1
     rid, run = study.runs[0]
-    assert rid == "mlp-mnist_mini-r0.30-s0"
+    assert rid.startswith("mlp-mnist_mini-r0.30-s0-") and len(rid.rsplit("-", 1)[1]) == 8
     assert run.model.widths == (512, 512) and run.train.optimizer == "adam"
     assert study.exp_dir.as_posix() == "results/x"
 
@@ -24,7 +24,9 @@ def test_sweep_is_cartesian_product_with_stable_ids():
     assert len(study.runs) == 12
     ids = study.run_ids()
     assert len(set(ids)) == 12
-    assert "mlp-mnist_mini-r0.50-s1-lr0.01" in ids
+    # an id depends on the run's full config, not on the sweep it came from
+    alone = parse_study({"seed": 1, "data": {"random_label_ratio": 0.5}, "train": {"lr": 0.01}})
+    assert alone.run_ids()[0] in ids
     assert set(study.sweep_axes) == {"seed", "data.random_label_ratio", "train.lr"}
     assert parse_study(raw).run_ids() == ids  # stable
 
@@ -34,7 +36,7 @@ def test_list_typed_field_sweeps_only_with_list_of_lists():
     assert len(single.runs) == 1 and single.runs[0][1].model.widths == (64, 32)
     swept = parse_study({"model": {"widths": [[64], [128, 128]]}})
     assert [r.model.widths for _, r in swept.runs] == [(64,), (128, 128)]
-    assert swept.run_ids()[1].endswith("-w128x128")
+    assert swept.run_ids()[1] == parse_study({"model": {"widths": [128, 128]}}).run_ids()[0]
 
 
 def test_uniform_ratios_are_drawn_from_the_seed():
@@ -54,8 +56,14 @@ def test_uniform_ratios_are_drawn_from_the_seed():
     ({"train": {"lr": "fast"}}, "train.lr: expected a number"),
     ({"data": {"random_label_ratio": 1.5}}, "must be in [0, 1]"),
     ({"data": {"random_label_ratio": [0.5, -0.1]}}, "must be in [0, 1]"),
-    ({"data": {"dataset": "imagenet"}}, "unknown dataset 'imagenet'"),
-    ({"model": {"name": "vit"}}, "unknown model 'vit'"),
+    ({"train": {"eval_every": 0}}, "train.eval_every must be positive"),
+    ({"train": {"target_train_loss": 0}}, "train.target_train_loss must be positive"),
+    ({"train": {"snapshot_losses": [0.1, -1]}}, "train.snapshot_losses must be positive"),
+    ({"train": {"schedule": "inverse"}}, "did you mean 'inverse_time'"),
+    ({"train": {"lr_decay": -1}}, "train.lr_decay must be non-negative"),
+    ({"report": {"min_train_acc": 2}}, "report.min_train_acc must be in [0, 1]"),
+    ({"trian": {}}, "did you mean 'train'"),
+    ({"train": {"epoch": 3}}, "did you mean 'epochs'"),
     ({"train": {"optimizer": "lion"}}, "train.optimizer: unknown value 'lion'"),
     ({"model": {"bias": "yes"}}, "expected true or false"),
     ({"measure": {"losses": ["mse"]}}, "unknown loss 'mse'"),
@@ -106,9 +114,43 @@ def test_config_hash_ignores_eval_batch_size_only():
 
 def test_run_id_formats_floats_exactly():
     study = parse_study({"data": {"random_label_ratio": [0.125, 0.3]}})
-    assert study.run_ids() == ["mlp-mnist_mini-r0.125-s0", "mlp-mnist_mini-r0.30-s0"]
+    assert [rid.rsplit("-", 1)[0] for rid in study.run_ids()] == ["mlp-mnist_mini-r0.125-s0",
+                                                                 "mlp-mnist_mini-r0.30-s0"]
     run = study.runs[0][1]
-    assert run_id_for(run, ()) == "mlp-mnist_mini-r0.125-s0"
+    assert run_id_for(run, ("train.lr",)) == run.run_id() == study.run_ids()[0]
+
+
+def test_growing_a_study_keeps_its_run_ids():
+    """Adding an axis (or a value to one) renames none of the existing runs."""
+    base = parse_study({"data": {"random_label_ratio": [0.0, 1.0]}, "model": {"widths": [64]}})
+    grown = parse_study({"seed": [0, 1], "data": {"random_label_ratio": [0.0, 0.5, 1.0]},
+                         "model": {"widths": [[64], [32]]}, "train": {"lr": [0.001, 0.01]}})
+    assert set(base.run_ids()) <= set(grown.run_ids())
+    assert len(grown.runs) == 24
+
+
+def test_run_id_ignores_defaults_given_explicitly_and_execution_keys():
+    plain = parse_study({}).run_ids()[0]
+    explicit = parse_study({"train": {"lr": 0.001, "optimizer": "adam", "eval_batch_size": 17,
+                                      "vectorize": 4, "compile": True}, "data": {"root": "/x"}}).run_ids()[0]
+    assert plain == explicit
+    assert parse_study({"train": {"lr": 0.01}}).run_ids()[0] != plain
+
+
+def test_identity_diff_names_the_differing_keys():
+    from flatbench.config import identity_diff
+
+    a = parse_study({"train": {"lr": 0.01}}).runs[0][1]
+    b = parse_study({"train": {"lr": 0.001}, "model": {"widths": [8]}}).runs[0][1]
+    diff = identity_diff(a, b)
+    assert diff == ["model.widths: stored [512, 512], expected [8]", "train.lr: stored 0.01, expected 0.001"]
+
+
+def test_empty_config_file_is_refused(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing here\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_study(path)
 
 
 def test_config_reference_lists_every_key():

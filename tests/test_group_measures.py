@@ -87,7 +87,7 @@ def test_grouped_measure_stage_gives_the_same_results_as_run_by_run(tmp_path, mo
         study = parse_study({**raw, "measure": {**raw["measure"], "group_runs": mode}}, out=str(tmp_path / mode))
         train_study(study, torch.device("cpu"), quiet=True, echo=lambda m: None)
         measure_study(study, torch.device("cpu"), quiet=True, echo=lambda m: None)
-        values[mode] = {rid: {k: e["values"] for k, e in json.loads(
+        values[mode] = {rid: {k: e.get("values", {}) for k, e in json.loads(
             (study.exp_dir / "runs" / rid / "measures.json").read_text()).items()} for rid in study.run_ids()}
     assert calls == [3, 3]  # one grouped call per loss, all three runs, only in "on" mode
     assert values["on"].keys() == values["off"].keys()

@@ -226,20 +226,18 @@ def test_excluded_runs_are_listed(tmp_path):
     assert summary.correlations.set_index("measure").loc["tracks", "n"] == 5
 
 
-@pytest.mark.parametrize("n_runs", [0, 1])
-def test_too_few_runs_do_not_crash(tmp_path, n_runs):
+@pytest.mark.parametrize("n_runs", [0, 1, 2])
+def test_too_few_runs_write_nothing(tmp_path, n_runs):
+    """Fewer than 3 usable runs: a clear error, and no file is written (a good report is never replaced
+    by an empty one)."""
     exp = write_experiment(tmp_path, "tiny")
     for run in sorted((exp / "runs").iterdir())[n_runs:]:
         for f in run.iterdir():
             f.unlink()
         run.rmdir()
-    lines: list[str] = []
-    summary = write_report([exp], exp, n_boot=50, echo=lines.append)
-    assert (exp / "table.csv").is_file() and (exp / "report.html").is_file()
-    assert len(pd.read_csv(exp / "table.csv")) == n_runs
-    assert summary.best_measure is None
-    assert "at least 3" in "\n".join(lines)
-    assert "at least 3" in (exp / "report.md").read_text()
+    with pytest.raises(FlatbenchError, match="a report needs at least 3"):
+        write_report([exp], exp, n_boot=50, echo=lambda _: None)
+    assert not (exp / "table.csv").exists() and not (exp / "report.html").exists()
 
 
 def test_quiet_prints_one_line(tmp_path):

@@ -1,10 +1,14 @@
 """Correlation statistics: agreement with scipy, granulated Kendall by hand, bootstrap, direction, CMI,
-and the exclusion rules."""
+the exclusion rules, permutation p-values, the small-n interval rule, paired comparisons between
+measures and Monte-Carlo standard errors."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,17 +18,24 @@ from scipy import stats as sps
 
 from flatbench.analysis import stats
 from flatbench.analysis.stats import (
+    MIN_CI_RUNS,
+    SE_NOTE_RATIO,
     analyze,
     bootstrap_ci,
+    bootstrap_pvalue,
     conditional_mi,
     correlations,
     exclusion_reasons,
     granulated_kendall,
     kendall_batch,
+    kendall_permutation_p,
+    kendall_permutation_pvalues,
     kendall_tau_a,
+    paired_comparisons,
     pearson_batch,
     spearman_batch,
 )
+from flatbench.analysis.table import build_table, headline_columns, measure_columns, stderr_columns
 
 
 def make_table(gap, measures: dict, ratios=None, seeds=None, **overrides) -> pd.DataFrame:
@@ -245,3 +256,328 @@ def test_best_measure_first(no_registry):
 def test_bad_gap_name():
     with pytest.raises(ValueError):
         correlations(make_table([0.1, 0.2, 0.3], {"m": [1.0, 2.0, 3.0]}), gap="accuracy")
+
+
+# ------------------------------------------------------------------------------- bootstrap, pinned exactly
+
+@pytest.mark.parametrize("fn", [kendall_batch, spearman_batch])
+def test_bootstrap_ci_is_the_documented_percentile_interval(fn):
+    # Resamples drawn explicitly with the documented seed convention: a 90% interval labelled 95%, or
+    # indices that never reach the last run, give different numbers.
+    n, n_boot, seed = len(X), 400, 5
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    values = fn(X[idx], Y[idx])
+    values = values[np.isfinite(values)]
+    expected = np.quantile(values, [0.025, 0.975])
+    lo, hi = bootstrap_ci(X, Y, fn, n_boot=n_boot, seed=seed)
+    assert (lo, hi) == (pytest.approx(expected[0], abs=1e-12), pytest.approx(expected[1], abs=1e-12))
+    # The mutants the check above must catch really are different.
+    assert not np.allclose(expected, np.quantile(values, [0.05, 0.95]))
+    short = np.random.default_rng(seed).integers(0, n - 1, size=(n_boot, n))
+    wrong = fn(X[short], Y[short])
+    assert not np.allclose(expected, np.quantile(wrong[np.isfinite(wrong)], [0.025, 0.975]))
+
+
+def test_kendall_batch_matches_scipy_on_resamples():
+    idx = np.random.default_rng(0).integers(0, len(X), size=(50, len(X)))
+    ours = kendall_batch(X[idx], Y[idx])
+    for row, tau in zip(idx, ours):
+        ref = sps.kendalltau(X[row], Y[row]).statistic
+        assert (math.isnan(tau) and math.isnan(ref)) or tau == pytest.approx(ref, abs=1e-12)
+    assert math.isnan(kendall_batch(np.array([1.0, np.nan, 2.0]), np.array([1.0, 2.0, 3.0]))[0])
+
+
+# ----------------------------------------------------------------------------------- permutation p-values
+
+def _brute_force_p(x, y):
+    """Two-sided exact permutation p of τ-b: the share of all n! orders of y whose |C − D| reaches the
+    observed one (the τ-b denominator is the same for every order, so this is |τ| ≥ |τ observed|)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    i, j = np.triu_indices(len(x), 1)
+    sx = np.sign(x[i] - x[j])
+    s_obs = abs(np.sum(sx * np.sign(y[i] - y[j])))
+    perms = np.array(list(itertools.permutations(range(len(y)))))
+    yp = y[perms]
+    s = np.abs((sx * np.sign(yp[:, i] - yp[:, j])).sum(axis=1))
+    return np.count_nonzero(s >= s_obs) / len(perms)
+
+
+def test_exact_permutation_p_matches_brute_force():
+    rng = np.random.default_rng(3)
+    for n in (4, 6, 7):
+        x = np.round(rng.normal(size=n), 0)  # ties in the measure
+        y = x + rng.normal(size=n)
+        y[0] = y[1]  # and a tie in the gap
+        assert kendall_permutation_p(x, y) == pytest.approx(_brute_force_p(x, y), abs=1e-12)
+    # The brute force's statistic is τ-b's: its extreme orders reach scipy's |τ| = 1 exactly twice.
+    assert _brute_force_p(np.arange(5.0), np.arange(5.0)) == 2 / 120
+
+
+def test_perfectly_monotone_five_runs_exact_p():
+    x = np.arange(5.0)
+    # Of the 120 orders of the gap, exactly two (identity and reversal) reach |τ| = 1.
+    assert kendall_permutation_p(x, x * 2 + 1) == pytest.approx(2 / 120)
+    assert kendall_permutation_p(x, -x) == pytest.approx(2 / 120)
+    swapped = np.array([0.0, 2, 1, 4, 3])
+    assert kendall_permutation_p(x, swapped) == pytest.approx(_brute_force_p(x, swapped))
+
+
+def test_monte_carlo_p_is_the_documented_count():
+    rng = np.random.default_rng(4)
+    n, m, seed = 12, 999, 9
+    x = rng.normal(size=n)
+    y = 0.4 * x + rng.normal(size=n)
+    perms = np.random.default_rng(seed).permuted(np.tile(np.arange(n), (m, 1)), axis=1)
+    t_obs = abs(kendall_batch(x, y)[0])
+    taus = kendall_batch(np.tile(x, (m, 1)), y[perms])
+    b = int((np.abs(taus) >= t_obs - 1e-12).sum())
+    p = kendall_permutation_p(x, y, n_perm=m, seed=seed)
+    assert p == pytest.approx((b + 1) / (m + 1), abs=1e-15)
+    assert p == kendall_permutation_p(x, y, n_perm=m, seed=seed)
+    assert p != kendall_permutation_p(x, y, n_perm=m, seed=seed + 1)
+
+
+@pytest.mark.parametrize("n, strength", [(25, 0.45), (60, 0.25)])
+def test_permutation_p_agrees_with_scipy(n, strength):
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=n)
+    y = strength * x + rng.normal(size=n)
+    ours = kendall_permutation_p(x, y, n_perm=9999, seed=0)
+    ref = sps.kendalltau(x, y).pvalue  # exact for n = 25 without ties, normal approximation for 60
+    assert 0.001 < ref < 0.5
+    assert ours == pytest.approx(ref, rel=0.15, abs=0.005)
+
+
+def test_permutation_p_rows_and_undefined_cases():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 15))
+    y = rng.normal(size=15)
+    x[1] = 2.0  # constant row
+    together = kendall_permutation_pvalues(x, y, n_perm=500, seed=1)
+    assert math.isnan(together[1])
+    for i in (0, 2):  # testing rows together changes nothing
+        assert together[i] == kendall_permutation_p(x[i], y, n_perm=500, seed=1)
+    assert np.isnan(kendall_permutation_pvalues(x, np.ones(15))).all()
+    assert math.isnan(kendall_permutation_p(x[0], y, n_perm=0))
+
+
+# --------------------------------------------------------------------------------------- interval rule
+
+def test_five_monotone_runs_give_no_interval_but_a_p_value(no_registry):
+    gap = np.linspace(0.1, 0.9, 5)
+    result = analyze(make_table(gap, {"m": gap * 3, "noisy": [0.3, 0.1, 0.5, 0.2, 0.4]}), n_boot=200)
+    row = result.correlations.set_index("measure").loc["m"]
+    assert row["kendall_tau"] == pytest.approx(1.0)
+    for stat in ("kendall_tau", "spearman_rho", "pearson_r"):
+        assert math.isnan(row[f"{stat}_lo"]) and math.isnan(row[f"{stat}_hi"])
+    assert row["kendall_p"] == pytest.approx(2 / 120)
+    assert f"n < {MIN_CI_RUNS}: no interval; see the p-value" in row["note"]
+    assert row["vs_best"] == "best"
+    # With 5 runs nothing can be told apart from the best one.
+    assert result.correlations.set_index("measure").loc["noisy", "vs_best"] == "indistinguishable"
+    assert any("no bootstrap interval" in n for n in result.notes)
+
+
+def test_interval_from_min_ci_runs_on(no_registry):
+    rng = np.random.default_rng(6)
+    for n, has_ci in ((MIN_CI_RUNS - 1, False), (MIN_CI_RUNS, True)):
+        gap = rng.uniform(0, 1, n)
+        row = correlations(make_table(gap, {"m": gap + rng.normal(0, 0.3, n)}), n_boot=200).iloc[0]
+        assert math.isfinite(row["kendall_tau"]) and math.isfinite(row["kendall_p"])
+        assert math.isfinite(row["kendall_tau_lo"]) == has_ci
+        assert math.isfinite(row["pearson_r_hi"]) == has_ci
+        assert ("no interval" in row["note"]) != has_ci
+    # A perfectly ordered larger sample: the bootstrap collapses to a point, and the note says so.
+    gap = np.linspace(0, 1, 12)
+    row = correlations(make_table(gap, {"m": gap}), n_boot=200).iloc[0]
+    assert row["kendall_tau_lo"] == row["kendall_tau_hi"] == 1.0
+    assert "collapsed to a point" in row["note"]
+
+
+def test_kendall_p_is_seeded_and_in_the_frame(no_registry):
+    rng = np.random.default_rng(7)
+    gap = rng.uniform(0, 1, 14)
+    table = make_table(gap, {"m": gap + rng.normal(0, 0.5, 14)})
+    a = correlations(table, n_boot=50, seed=1, n_perm=999).iloc[0]
+    b = correlations(table, n_boot=50, seed=1, n_perm=999).iloc[0]
+    assert a["kendall_p"] == b["kendall_p"]
+    values = table["m"].to_numpy()
+    assert a["kendall_p"] == kendall_permutation_p(values, gap, n_perm=999, seed=1)
+
+
+# --------------------------------------------------------------------------------- paired comparisons
+
+def _frame(gap, **measures):
+    return pd.DataFrame({"gap_acc": gap, **measures})
+
+
+def test_identical_measures_compare_equal():
+    rng = np.random.default_rng(8)
+    gap = rng.uniform(0, 1, 20)
+    m = gap + rng.normal(0, 0.3, 20)
+    out = paired_comparisons(_frame(gap, a=m, b=m.copy()), ["a", "b"], "gap_acc", n_boot=300, seed=0)
+    assert len(out) == 2
+    for row in out.itertuples():
+        assert row.diff == 0.0 and row.diff_lo == 0.0 and row.diff_hi == 0.0 and row.p_value == 1.0
+        assert row.n == 20
+
+
+def test_gap_beats_noise():
+    rng = np.random.default_rng(9)
+    gap = rng.uniform(0, 1, 30)
+    frame = _frame(gap, good=gap * 2 + 1, noise=rng.normal(size=30))
+    out = paired_comparisons(frame, ["good", "noise"], "gap_acc", n_boot=500, seed=0).set_index(
+        ["measure_a", "measure_b"])
+    ab, ba = out.loc[("good", "noise")], out.loc[("noise", "good")]
+    assert ab["tau_a"] == pytest.approx(1.0)
+    assert ab["diff"] > 0.5 and ab["diff_lo"] > 0 and ab["p_value"] < 0.01
+    assert ba["diff"] == -ab["diff"] and ba["diff_hi"] < 0 and ba["p_value"] == ab["p_value"]
+
+
+def test_paired_bootstrap_is_the_documented_one():
+    # Same resample indices for both measures, drawn with the bootstrap_ci convention over the runs where
+    # both (and the gap) are finite; the smaller-is-sharper measure is negated first.
+    rng = np.random.default_rng(10)
+    n_all, n_boot, seed = 26, 300, 11
+    gap = rng.uniform(0, 1, n_all)
+    a = gap + rng.normal(0, 0.2, n_all)
+    b = -gap + rng.normal(0, 0.4, n_all)  # smaller = sharper
+    a[[2, 5]] = np.nan
+    b[[5, 9, 17]] = np.nan
+    out = paired_comparisons(_frame(gap, a=a, b=b), ["a", "b"], "gap_acc", {"a": True, "b": False},
+                             n_boot=n_boot, seed=seed).set_index(["measure_a", "measure_b"])
+    row = out.loc[("a", "b")]
+    mask = np.isfinite(a) & np.isfinite(b)
+    n = int(mask.sum())
+    assert row["n"] == n == n_all - 4
+    ga, va, vb = gap[mask], a[mask], -b[mask]
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    d = kendall_batch(va[idx], ga[idx]) - kendall_batch(vb[idx], ga[idx])
+    d = d[np.isfinite(d)]
+    lo, hi = np.quantile(d, [0.025, 0.975])
+    p = min(1.0, 2 * min((np.sum(d <= 0) + 1) / (len(d) + 1), (np.sum(d >= 0) + 1) / (len(d) + 1)))
+    assert row["tau_a"] == pytest.approx(sps.kendalltau(va, ga).statistic)
+    assert row["tau_b"] == pytest.approx(sps.kendalltau(vb, ga).statistic)
+    assert row["diff"] == pytest.approx(row["tau_a"] - row["tau_b"])
+    assert (row["diff_lo"], row["diff_hi"]) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))
+    assert row["p_value"] == pytest.approx(p, abs=1e-12) == bootstrap_pvalue(d)
+    # Independent resamples for the two measures would give a different (wider) interval.
+    idx2 = np.random.default_rng(seed + 1).integers(0, n, size=(n_boot, n))
+    d_indep = kendall_batch(va[idx], ga[idx]) - kendall_batch(vb[idx2], ga[idx2])
+    assert not np.allclose([lo, hi], np.quantile(d_indep[np.isfinite(d_indep)], [0.025, 0.975]))
+
+
+def test_paired_comparison_edge_cases():
+    gap = np.linspace(0, 1, 12)
+    few = gap.copy()
+    few[:5] = np.nan  # 7 shared runs with "a": < MIN_CI_RUNS
+    frame = _frame(gap, a=gap, const=np.ones(12), few=few, empty=np.full(12, np.nan))
+    out = paired_comparisons(frame, ["a", "const", "few", "empty", "absent"], "gap_acc", n_boot=100,
+                             seed=0).set_index(["measure_a", "measure_b"])
+    assert len(out) == 5 * 4
+    assert math.isnan(out.loc[("a", "const"), "diff"]) and math.isnan(out.loc[("a", "const"), "p_value"])
+    row = out.loc[("a", "few")]
+    assert row["n"] == 7 and row["diff"] == 0.0
+    assert math.isnan(row["diff_lo"]) and math.isnan(row["p_value"])
+    assert out.loc[("a", "empty"), "n"] == 0 and math.isnan(out.loc[("a", "empty"), "diff"])
+    assert math.isnan(out.loc[("a", "absent"), "diff"])
+    none = paired_comparisons(frame, ["a", "few"], "gap_acc", n_boot=0).set_index(["measure_a", "measure_b"])
+    assert math.isnan(none.loc[("a", "few"), "diff_lo"])
+    assert paired_comparisons(frame.iloc[:0], [], "gap_acc").empty
+
+
+def test_vs_best_in_analyze(no_registry):
+    rng = np.random.default_rng(12)
+    gap = rng.uniform(0, 1, 30)
+    good = gap + rng.normal(0, 0.05, 30)
+    table = make_table(gap, {"good": good, "twin": good + 1e-9 * rng.normal(size=30),
+                             "noise": rng.normal(size=30), "const": np.ones(30)})
+    result = analyze(table, n_boot=300)
+    corr = result.correlations.set_index("measure")
+    best = result.correlations.iloc[0]["measure"]
+    assert best in ("good", "twin")
+    assert corr.loc[best, "vs_best"] == "best" and math.isnan(corr.loc[best, "vs_best_p"])
+    other = "twin" if best == "good" else "good"
+    assert corr.loc[other, "vs_best"] == "indistinguishable" and corr.loc[other, "vs_best_p"] > 0.05
+    assert corr.loc["noise", "vs_best"] == "worse" and corr.loc["noise", "vs_best_p"] < 0.01
+    assert corr.loc["const", "vs_best"] == ""
+    cmp = result.comparisons
+    assert list(cmp.columns) == ["measure_a", "measure_b", "n", "tau_a", "tau_b", "diff", "diff_lo",
+                                 "diff_hi", "p_value"]
+    assert len(cmp) == 4 * 3
+    assert cmp["measure_a"].iloc[0] == best  # ranking order
+    row = cmp[(cmp["measure_a"] == best) & (cmp["measure_b"] == "noise")].iloc[0]
+    assert row["p_value"] == corr.loc["noise", "vs_best_p"]
+
+
+# ---------------------------------------------------------------------------- Monte-Carlo standard errors
+
+def _write_run(exp: Path, i: int, gap: float, measures: dict) -> None:
+    run = exp / "runs" / f"run{i:02d}"
+    run.mkdir(parents=True)
+    info = {"run_id": run.name, "status": "finished",
+            "config": {"seed": i % 2, "data": {"random_label_ratio": round(i / 10, 2)},
+                       "model": {"name": "mlp"}},
+            "train_acc": 1.0, "train_loss": 0.01, "test_acc": 1.0 - gap, "test_loss": 1.0}
+    (run / "run.json").write_text(json.dumps(info))
+    (run / "measures.json").write_text(json.dumps(measures))
+
+
+def test_stderr_columns_round_trip_through_csv(tmp_path, no_registry):
+    rng = np.random.default_rng(13)
+    exp = tmp_path / "exp"
+    for i in range(12):
+        gap = 0.05 * i + rng.normal(0, 0.01)
+        se = 0.5 if i != 3 else "nan"  # stored non-finite values are strings
+        measures = {
+            "noisy@normalized_ce": {"status": "ok",
+                                    "values": {"noisy@normalized_ce": gap + rng.normal(0, 0.2)},
+                                    "info": {"stderr": se}},
+            "precise": {"status": "ok", "values": {"precise": 10 * gap, "precise/layers.0": gap},
+                        "info": {"stderr": 1e-4}},
+            "exact": {"status": "ok", "values": {"exact": gap}, "info": {"method": "closed form"}},
+        }
+        if i == 0:
+            measures["precise"]["info"] = {}
+        _write_run(exp, i, gap, measures)
+    table = build_table([exp])
+    mapping = {"noisy@normalized_ce": "noisy@normalized_ce#se", "precise": "precise#se"}
+    assert table.attrs["stderr_columns"] == mapping
+    assert set(mapping.values()) <= set(table.columns)
+    assert math.isnan(table.loc[0, "precise#se"]) and table.loc[1, "precise#se"] == 1e-4
+    assert math.isnan(table.loc[3, "noisy@normalized_ce#se"])
+    for cols in (measure_columns(table), headline_columns(table)):
+        assert not any(c.endswith("#se") for c in cols)
+    csv = tmp_path / "table.csv"
+    table.to_csv(csv, index=False)
+    back = pd.read_csv(csv)
+    assert stderr_columns(back) == mapping
+    assert sorted(headline_columns(back)) == ["exact", "noisy@normalized_ce", "precise"]
+    first = analyze(table, n_boot=0).correlations.set_index("measure")
+    second = analyze(back, n_boot=0).correlations.set_index("measure")
+    for key in ("noisy@normalized_ce", "precise"):
+        assert second.loc[key, "se_median"] == pytest.approx(first.loc[key, "se_median"])
+        assert second.loc[key, "se_ratio"] == pytest.approx(first.loc[key, "se_ratio"])
+    assert math.isnan(second.loc["exact", "se_median"]) and math.isnan(second.loc["exact", "se_ratio"])
+    assert set(second.index) == {"exact", "noisy@normalized_ce", "precise"}  # "#se" is never ranked
+    # The definitions: median SE over the measure's runs, over the runs' standard deviation (ddof=1).
+    values = table["noisy@normalized_ce"].to_numpy()
+    assert first.loc["noisy@normalized_ce", "se_median"] == pytest.approx(0.5)
+    assert first.loc["noisy@normalized_ce", "se_ratio"] == pytest.approx(0.5 / np.std(values, ddof=1))
+    assert first.loc["noisy@normalized_ce", "se_ratio"] >= SE_NOTE_RATIO
+    assert "the ranking is partly noise" in first.loc["noisy@normalized_ce", "note"]
+    assert first.loc["precise", "se_ratio"] < 0.01
+    assert "noise" not in first.loc["precise", "note"]
+
+
+def test_stderr_note_from_a_plain_table(no_registry):
+    gap = np.linspace(0, 1, 10)
+    values = gap.copy()
+    table = make_table(gap, {"m": values, "k": values * 2})
+    table["m#se"] = 0.6 * np.std(values, ddof=1)
+    table["k#se"] = 0.4 * np.std(values * 2, ddof=1)
+    corr = correlations(table, n_boot=0).set_index("measure")
+    assert corr.loc["m", "se_ratio"] == pytest.approx(0.6)
+    assert "standard error comparable to the spread between runs" in corr.loc["m", "note"]
+    assert corr.loc["k", "se_ratio"] == pytest.approx(0.4)
+    assert "standard error" not in corr.loc["k", "note"]

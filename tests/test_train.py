@@ -31,55 +31,113 @@ def _weights(run_path: Path) -> dict[str, torch.Tensor]:
     return load_model(run_path).state_dict()
 
 
+def _train(rid, cfg, folder: Path) -> dict:
+    return train_run(rid, cfg, folder / rid, torch.device("cpu"), progress=False, echo=lambda m: None)
+
+
 def test_same_config_gives_bit_identical_weights(tmp_path):
     rid, cfg = _tiny_run()
-    a = train_run(rid, cfg, tmp_path / "a", torch.device("cpu"), progress=False, echo=lambda m: None)
-    b = train_run(rid, cfg, tmp_path / "b", torch.device("cpu"), progress=False, echo=lambda m: None)
-    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    a = _train(rid, cfg, tmp_path / "a")
+    b = _train(rid, cfg, tmp_path / "b")
+    wa, wb = _weights(tmp_path / "a" / rid), _weights(tmp_path / "b" / rid)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert a["train_acc"] == b["train_acc"] and a["status"] == "finished"
-    info = read_json(tmp_path / "a" / "run.json")
+    info = read_json(tmp_path / "a" / rid / "run.json")
     for key in ("config", "labels", "train_acc", "test_acc", "train_loss", "test_loss", "gap_acc", "gap_loss",
                 "epochs", "seconds", "device", "versions", "history"):
         assert key in info
     assert info["labels"]["n_corrupted"] == 128 and info["labels"]["scheme"] == "uniform"
     assert info["gap_acc"] == pytest.approx(info["train_acc"] - info["test_acc"])
-    assert not (tmp_path / "a" / "checkpoint.pt").exists()
+    assert not (tmp_path / "a" / rid / "checkpoint.pt").exists()
+    assert info["model_sha256"] and info["history"][-1]["test_acc"] == pytest.approx(info["test_acc"])
 
 
 def test_finished_run_is_skipped_and_other_config_is_refused(tmp_path):
     rid, cfg = _tiny_run()
-    train_run(rid, cfg, tmp_path / "a", torch.device("cpu"), progress=False, echo=lambda m: None)
-    mtime = (tmp_path / "a" / "model.pt").stat().st_mtime_ns
-    train_run(rid, cfg, tmp_path / "a", torch.device("cpu"), progress=False, echo=lambda m: None)
-    assert (tmp_path / "a" / "model.pt").stat().st_mtime_ns == mtime
+    _train(rid, cfg, tmp_path)
+    mtime = (tmp_path / rid / "model.pt").stat().st_mtime_ns
+    _train(rid, cfg, tmp_path)
+    assert (tmp_path / rid / "model.pt").stat().st_mtime_ns == mtime
     _, other = _tiny_run(lr=0.01)
     from flatbench.errors import FlatbenchError
-    with pytest.raises(FlatbenchError, match="different config"):
-        train_run(rid, other, tmp_path / "a", torch.device("cpu"), progress=False, echo=lambda m: None)
+    with pytest.raises(FlatbenchError, match=r"another run than its id says \(train.lr: stored 0.001, expected 0.01\)"):
+        train_run(rid, other, tmp_path / rid, torch.device("cpu"), progress=False, echo=lambda m: None)
 
 
 def test_early_stop_at_target_train_accuracy(tmp_path):
     rid, cfg = _tiny_run(epochs=30, target_train_acc=0.3)
-    info = train_run(rid, cfg, tmp_path / "a", torch.device("cpu"), progress=False, echo=lambda m: None)
-    assert info["epochs"] < 30
+    info = _train(rid, cfg, tmp_path)
+    assert info["epochs"] < 30 and info["reached_target"] is True
     assert info["history"][-1]["train_acc"] >= 0.3
+
+
+def test_stop_at_a_target_train_loss_and_snapshots_on_the_way(tmp_path):
+    from flatbench.train import list_snapshots
+
+    rid, cfg = _tiny_run(epochs=200, lr=0.003, target_train_loss=0.05, snapshot_losses=[1.0, 0.3, 0.1])
+    info = _train(rid, cfg, tmp_path)
+    assert info["reached_target"] is True and info["train_loss"] <= 0.05 < info["history"][-2]["eval_train_loss"]
+    assert info["epochs"] < 200
+    evals = [h["eval_train_loss"] for h in info["history"]]
+    levels = [s["level"] for s in info["snapshots"]]
+    assert levels == [1.0, 0.3, 0.1] and info["snapshots"] == list_snapshots(tmp_path / rid)
+    for snap in info["snapshots"]:
+        # the first evaluation at or below the level, with that epoch's numbers
+        first = next(i for i, loss in enumerate(evals) if loss <= snap["level"])
+        assert snap["epoch"] == first + 1 and snap["train_loss"] == evals[first]
+        assert snap["test_acc"] == info["history"][first]["test_acc"]
+        model = load_model(tmp_path / rid, model_file=tmp_path / rid / snap["path"] / "model.pt",
+                           sha256=snap["model_sha256"])
+        assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_a_run_that_misses_its_loss_target_says_so(tmp_path):
+    rid, cfg = _tiny_run(epochs=2, target_train_loss=1e-6, eval_every=3)
+    info = _train(rid, cfg, tmp_path)
+    assert info["reached_target"] is False and info["epochs"] == 2
+    # eval_every=3 > epochs: the last epoch is always evaluated
+    assert "eval_train_loss" not in info["history"][0] and "test_acc" in info["history"][1]
 
 
 @pytest.mark.parametrize("schedule, optimizer", [("cosine", "sgd"), ("step", "adam")])
 def test_schedules_and_optimizers_train(tmp_path, schedule, optimizer):
     rid, cfg = _tiny_run(schedule=schedule, optimizer=optimizer, step_size=1, lr=0.01)
-    info = train_run(rid, cfg, tmp_path / "a", torch.device("cpu"), progress=False, echo=lambda m: None)
+    info = _train(rid, cfg, tmp_path)
     lrs = [h["lr"] for h in info["history"]]
     assert lrs[-1] < 0.01
+
+
+def test_inverse_time_schedule_decays_per_minibatch(tmp_path):
+    rid, cfg = _tiny_run(schedule="inverse_time", optimizer="sgd", lr=0.1, lr_decay=0.01)
+    info = _train(rid, cfg, tmp_path)
+    steps_per_epoch = 256 // 64
+    for h in info["history"]:
+        assert h["lr"] == pytest.approx(0.1 / (1 + 0.01 * steps_per_epoch * h["epoch"]))
+
+
+def test_runs_that_differ_in_ratio_share_init_and_batch_order():
+    from flatbench.seeding import batch_generator
+    from flatbench.train import init_model
+
+    study = parse_study({"data": {"n_train": 256, "random_label_ratio": [0.0, 0.5, 1.0]},
+                         "model": {"widths": [16]}})
+    models = [init_model(rid, cfg, (1, 28, 28), 10, torch.device("cpu")) for rid, cfg in study.runs]
+    for m in models[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(models[0].parameters(), m.parameters()))
+    perms = [torch.randperm(256, generator=batch_generator(cfg, 3)) for _, cfg in study.runs]
+    assert all(torch.equal(perms[0], p) for p in perms[1:])
+    other_seed = parse_study({"seed": 1, "data": {"n_train": 256}, "model": {"widths": [16]}}).runs[0]
+    m1 = init_model(other_seed[0], other_seed[1], (1, 28, 28), 10, torch.device("cpu"))
+    assert not torch.equal(next(m1.parameters()), next(models[0].parameters()))
 
 
 INTERRUPT_CONFIG = {
     "name": "resume", "seed": 0,
     "data": {"dataset": "mnist_mini", "n_train": 3000, "n_test": 200, "random_label_ratio": 0.5},
     "model": {"name": "mlp", "widths": [256, 256]},
-    "train": {"epochs": 8, "batch_size": 32},
+    "train": {"epochs": 8, "batch_size": 32, "schedule": "cosine"},  # resume must restore the schedule too
 }
+INTERRUPT_ID = parse_study(INTERRUPT_CONFIG).run_ids()[0]
 
 
 def _interrupt(tmp_path: Path, sig: int) -> tuple[Path, int]:
@@ -91,7 +149,7 @@ def _interrupt(tmp_path: Path, sig: int) -> tuple[Path, int]:
     proc = subprocess.Popen([sys.executable, "-m", "flatbench", "train", str(cfg), "--out", str(out),
                              "--device", "cpu", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    run = out / "resume" / "runs" / "mlp-mnist_mini-r0.50-s0"
+    run = out / "resume" / "runs" / INTERRUPT_ID
     deadline = time.time() + 300
     while time.time() < deadline:
         ckpt = run / "checkpoint.pt"
@@ -114,13 +172,13 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, sig):
     cfg, code = _interrupt(tmp_path, sig)
     if sig == signal.SIGTERM:
         assert code == 143
-        run = tmp_path / "interrupted" / "resume" / "runs" / "mlp-mnist_mini-r0.50-s0"
+        run = tmp_path / "interrupted" / "resume" / "runs" / INTERRUPT_ID
         assert read_json(run / "run.json")["status"] == "preempted"
     resumed = run_cli("train", str(cfg), "--out", str(tmp_path / "interrupted"), "--device", "cpu", "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     straight = run_cli("train", str(cfg), "--out", str(tmp_path / "straight"), "--device", "cpu", "--quiet")
     assert straight.returncode == 0, straight.stderr
-    rid = "mlp-mnist_mini-r0.50-s0"
+    rid = INTERRUPT_ID
     a = _weights(tmp_path / "interrupted" / "resume" / "runs" / rid)
     b = _weights(tmp_path / "straight" / "resume" / "runs" / rid)
     assert all(torch.equal(a[k], b[k]) for k in a)

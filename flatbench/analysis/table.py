@@ -7,9 +7,14 @@ final metrics and gaps, timings, and every value a measure wrote (headline keys 
 measure is missing, failed or does not apply. Unfinished runs are kept (with their status) so the report
 can list them instead of silently dropping them.
 
-The table remembers which columns are measures and which config fields the study swept in
-`DataFrame.attrs`; both can also be recovered from the column names alone, so a `table.csv` read back
-from disk works with the statistics too.
+Monte-Carlo measures report the standard error of their headline value as `info.stderr` in
+measures.json; it becomes a column `<key>#se` (e.g. `adaptive_sharpness_avg@normalized_ce#se`) for every
+headline key with a finite standard error on at least one run, NaN on the other runs. These columns are
+not measures (never ranked, never in `measure_columns`); `stderr_columns` maps each key to its column.
+
+The table remembers which columns are measures, which hold standard errors and which config fields the
+study swept in `DataFrame.attrs`; all of it can also be recovered from the column names alone, so a
+`table.csv` read back from disk works with the statistics too.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ METRIC_COLUMNS = ("train_acc", "train_loss", "test_acc", "test_loss", "gap_acc",
 FACT_COLUMNS = ("dataset.num_classes", "dataset.n_train", "dataset.n_test", "labels.scheme",
                 "labels.ratio", "labels.n_corrupted", "labels.n_changed")
 CONFIG_SECTIONS = ("seed", "data", "model", "train")
+SE_SUFFIX = "#se"
+"""`<key>#se` holds the Monte-Carlo standard error of headline value `<key>` ("#" never occurs in a key)."""
 NON_MODEL_FIELDS = frozenset({"data.root", "data.download", "train.eval_batch_size"})
 """Config fields that do not change the trained model: never a reason to treat folders as different."""
 
@@ -146,6 +153,25 @@ def _measure_values(entry: Mapping[str, Any]) -> dict[str, float]:
     return {str(k): to_float(v) for k, v in values.items()}
 
 
+def _entry_stderr(name: str, entry: Mapping[str, Any],
+                  values: Mapping[str, float]) -> tuple[str, float] | None:
+    """(headline key, standard error) of a measures.json entry with a finite `info.stderr`, else None.
+
+    The standard error belongs to the entry's headline value, whose key is the entry's key; an entry
+    whose key is not among its values but that has exactly one headline value is read as that value's.
+    """
+    info = entry.get("info")
+    if not isinstance(info, Mapping):
+        return None
+    se = to_float(info.get("stderr"))
+    if not math.isfinite(se):
+        return None
+    if name in values:
+        return name, se
+    heads = [k for k in values if "/" not in k]
+    return (heads[0], se) if len(heads) == 1 else None
+
+
 def _is_config_column(col: str) -> bool:
     return col == "seed" or ("." in col and col.split(".", 1)[0] in CONFIG_SECTIONS[1:])
 
@@ -171,6 +197,7 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
     rows: list[dict[str, Any]] = []
     config_cols: set[str] = set()
     measure_keys: set[str] = set()
+    se_keys: set[str] = set()
     for rec in records:
         info = rec.info
         row: dict[str, Any] = {"run_id": rec.run_id, "experiment": rec.experiment, "status": rec.status}
@@ -200,6 +227,10 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
             values = _measure_values(entry)
             row.update(values)
             measure_keys.update(values)
+            se = _entry_stderr(name, entry, values)
+            if se is not None:
+                row[se[0] + SE_SUFFIX] = se[1]
+                se_keys.add(se[0])
             if not any("/" not in k for k in values):
                 # A measure that failed or does not apply still gets its (empty) column, so the ranking
                 # shows it with n = 0 instead of leaving it out.
@@ -213,12 +244,20 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
     reserved = set(BASE_COLUMNS) | set(METRIC_COLUMNS) | set(FACT_COLUMNS)
     config_list = sorted(config_cols - reserved, key=_config_order)
     measure_list = sorted(measure_keys - reserved - set(config_list), key=_key_order)
+    se_map = {key: key + SE_SUFFIX for key in sorted(se_keys, key=_key_order)}
+    value_columns: list[str] = []
+    for key in measure_list:  # each standard error right after its value
+        value_columns.append(key)
+        if key in se_map:
+            value_columns.append(se_map[key])
+    value_columns += [c for k, c in se_map.items() if k not in measure_keys]
     columns = [*BASE_COLUMNS, *config_list, *METRIC_COLUMNS,
-               *[c for c in FACT_COLUMNS if any(c in r for r in rows)], *measure_list]
+               *[c for c in FACT_COLUMNS if any(c in r for r in rows)], *value_columns]
     table = pd.DataFrame(rows, columns=columns)
-    for col in measure_list:
+    for col in value_columns:
         table[col] = pd.to_numeric(table[col], errors="coerce").astype(float)
     table.attrs["measure_columns"] = list(measure_list)
+    table.attrs["stderr_columns"] = dict(se_map)
     table.attrs["sweep_axes"] = _sweep_axes(records, table, config_list)
     return table
 
@@ -276,12 +315,23 @@ def measure_columns(table: pd.DataFrame) -> list[str]:
     if listed is not None:
         return [c for c in listed if c in table.columns]
     reserved = set(BASE_COLUMNS) | set(METRIC_COLUMNS) | set(FACT_COLUMNS)
-    return [c for c in table.columns if c not in reserved and not _is_config_column(c)]
+    return [c for c in table.columns if c not in reserved and not _is_config_column(c)
+            and not str(c).endswith(SE_SUFFIX)]
 
 
 def headline_columns(table: pd.DataFrame) -> list[str]:
-    """Measure keys that enter the statistics: `name` or `name@loss`, never a per-layer `a/b` detail."""
-    return [c for c in measure_columns(table) if "/" not in c]
+    """Measure keys that enter the statistics: `name` or `name@loss`, never a per-layer `a/b` detail
+    nor a `<key>#se` standard error."""
+    return [c for c in measure_columns(table) if "/" not in c and not str(c).endswith(SE_SUFFIX)]
+
+
+def stderr_columns(table: pd.DataFrame) -> dict[str, str]:
+    """Headline key → its standard-error column, from attrs or else from the `<key>#se` column names."""
+    listed = table.attrs.get("stderr_columns")
+    if isinstance(listed, Mapping):
+        return {str(k): str(c) for k, c in listed.items() if c in table.columns}
+    return {str(c)[:-len(SE_SUFFIX)]: str(c) for c in table.columns
+            if str(c).endswith(SE_SUFFIX) and len(str(c)) > len(SE_SUFFIX)}
 
 
 def sweep_axes(table: pd.DataFrame) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from flatbench.seeding import make_generator
+from flatbench.seeding import probe_generator
 
 
 @dataclass
@@ -58,9 +58,9 @@ class MeasureContext:
                            lambda: get_loss(self.loss_name, tau=self.normalized_ce_tau))
 
     def generator(self, tag: str = "") -> torch.Generator:
-        """A fresh generator for this measure, seeded from (run id, seed, measure name, tag)."""
-        return make_generator("measure", self.run_id, self.seed, self.measure_name, tag,
-                              device=self.device)
+        """A fresh generator for this measure, seeded from (seed, measure name, tag): not from the run id,
+        so runs that differ only in their labels get the same probes."""
+        return probe_generator(self.seed, self.measure_name, tag, device=self.device)
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
         if key not in self.cache:

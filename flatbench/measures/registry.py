@@ -8,11 +8,16 @@ the measure's name is its headline value; keys with a "/" are per-layer details)
 with extra `info` (method, iterations, standard errors, sample counts). A measure that does not apply to
 a model raises `NotApplicable(reason)`. Declared invariances feed the invariance test matrix, so a new
 measure joins it by registering.
+
+*Variants.* A measure may declare named presets of its settings, `variants={"published": {"solver":
+"published"}}`; `name:variant` (e.g. `minimum_sharpness:published`) is then a measure of its own: the same
+function with those settings, its results stored under `name:variant` (so both can sit side by side in one
+study and one report). `all` means the base measures only; variants are asked for by name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from flatbench.errors import FlatbenchError
@@ -47,6 +52,20 @@ class MeasureSpec:
     """Direction: True when a larger value means a sharper / worse-generalizing model."""
     exact: bool
     """An exact (deterministic, non-iterative-approximate) quantity; invariances checked to 1e-4."""
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Named presets of settings: `name:variant` is this measure with those settings (see module doc)."""
+    base: str = ""
+    """For a variant, the name of the measure it is a preset of (its result keys are renamed from it)."""
+    preset: dict[str, Any] = field(default_factory=dict)
+    """For a variant, the settings it fixes (they win over `measure.settings` of the base measure)."""
+
+    def settings(self, user: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The settings a computation uses: defaults, then the user's `measure.settings`, then the preset."""
+        return {**self.defaults, **(user or {}).get(self.base_name, {}), **self.preset}
+
+    @property
+    def base_name(self) -> str:
+        return self.base or self.name
 
 
 _REGISTRY: dict[str, MeasureSpec] = {}
@@ -55,7 +74,8 @@ _REGISTRY: dict[str, MeasureSpec] = {}
 def register_measure(name: str, *, description: str, invariant_to: tuple[str, ...] | set[str] = (),
                      cost: str = "cheap", defaults: dict[str, Any] | None = None, uses_loss: bool = False,
                      stochastic: bool = False, larger_is_sharper: bool = True,
-                     exact: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+                     exact: bool = True, variants: dict[str, dict[str, Any]] | None = None
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     unknown = set(invariant_to) - set(FAMILIES)
     if unknown:
         raise ValueError(f"{name}: unknown invariance families {sorted(unknown)}")
@@ -69,7 +89,12 @@ def register_measure(name: str, *, description: str, invariant_to: tuple[str, ..
                                       invariant_to=frozenset(invariant_to), cost=cost,
                                       defaults=dict(defaults or {}), uses_loss=uses_loss,
                                       stochastic=stochastic, larger_is_sharper=larger_is_sharper,
-                                      exact=exact and not stochastic)
+                                      exact=exact and not stochastic,
+                                      variants={k: dict(v) for k, v in (variants or {}).items()})
+        for vname, preset in (variants or {}).items():
+            unknown_settings = set(preset) - set(defaults or {})
+            if unknown_settings:
+                raise ValueError(f"{name}: variant '{vname}' sets unknown settings {sorted(unknown_settings)}")
         return fn
 
     return decorator
@@ -81,10 +106,29 @@ def all_measures() -> dict[str, MeasureSpec]:
 
 
 def get_measure(name: str) -> MeasureSpec:
+    """The spec of a registered measure, or of a variant `name:variant` (a preset of its settings)."""
     registry = all_measures()
-    if name not in registry:
-        raise FlatbenchError(f"unknown measure '{name}' (available: {', '.join(registry)})")
-    return registry[name]
+    base, sep, variant = name.partition(":")
+    if base not in registry:
+        raise FlatbenchError(f"unknown measure '{name}'{did_you_mean(base, registry)} "
+                             "(`flatbench list-measures` lists them)")
+    spec = registry[base]
+    if not sep:
+        return spec
+    if variant not in spec.variants:
+        offered = ", ".join(f"{base}:{v}" for v in spec.variants) or "none"
+        raise FlatbenchError(f"measure '{base}' has no variant '{variant}' (variants: {offered})")
+    return replace(spec, name=name, base=base, preset=dict(spec.variants[variant]),
+                   variants={}, description=f"{spec.description} [variant {variant}: "
+                   + ", ".join(f"{k}={v}" for k, v in spec.variants[variant].items()) + "]")
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, or '' when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def resolve_names(names: list[str] | tuple[str, ...]) -> list[str]:

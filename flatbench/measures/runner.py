@@ -1,15 +1,24 @@
-"""Computing measures on a trained run and caching each result in its measures.json.
+"""Computing measures on a trained model and caching each result in its measures.json.
 
-Each measure (and each loss of a loss-based measure) is one entry. An entry is written to disk as soon
-as it is computed, so an interrupted measure stage keeps what it finished; re-running skips entries
-that are there (`force` recomputes). Entries that failed are retried. A failing measure is recorded with
-its error and the others go on.
+A *target* is one trained model: a run's final model.pt or one of its snapshots (`train.snapshot_losses`),
+each with its own measures.json. Each measure (and each loss of a loss-based measure) is one entry. An
+entry is written to disk as soon as it is computed, so an interrupted measure stage keeps what it
+finished; re-running skips entries that are there, unless they were computed with other settings or on
+another measurement set (`context`), which would mix two definitions in one report: those are recomputed.
+`force` recomputes everything. Failed entries are retried. A failing measure is recorded with its error
+and the others go on; a model that cannot be loaded at all gets its error in every pending entry.
+
+A damaged measures.json (cut off by a full disk or a killed copy) is not thrown away: its readable entries
+are kept, the rest recomputed, and the damaged file is kept beside it as `measures.json.damaged`.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,9 +28,11 @@ from flatbench.config import MeasureConfig, RunConfig, run_config_from_dict
 from flatbench.errors import FlatbenchError
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, get_measure, resolve_names
-from flatbench.store import MEASURES_JSON, atomic_write_json, is_finished, load_run_info, read_json
+from flatbench.store import (MEASURES_JSON, MODEL_FILE, atomic_write_json, is_finished, load_run_info,
+                             read_json_salvaged)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DONE = ("ok", "not_applicable")
 
 
 def entry_key(name: str, loss: str | None) -> str:
@@ -31,24 +42,87 @@ def entry_key(name: str, loss: str | None) -> str:
 
 def check_settings(names: list[str], cfg: MeasureConfig) -> None:
     """Unknown measures or settings in `measure.settings` are one clear error, before any work."""
+    from flatbench.measures.registry import did_you_mean
+
     for name, given in cfg.settings.items():
         spec = get_measure(name)
+        if spec.base:
+            raise FlatbenchError(f"measure.settings.{name}: give settings for '{spec.base}' (a variant is a "
+                                 "fixed preset of its settings)")
         unknown = sorted(set(given) - set(spec.defaults))
         if unknown:
             valid = ", ".join(sorted(spec.defaults)) or "none"
-            raise FlatbenchError(f"unknown setting(s) {', '.join(unknown)} for measure '{name}' "
-                                 f"(valid: {valid})")
+            raise FlatbenchError(f"unknown setting '{unknown[0]}' for measure '{name}'"
+                                 f"{did_you_mean(unknown[0], spec.defaults)} (valid: {valid})")
 
 
-def build_context(run_path: Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
-    """Load a finished run's model and its measurement set into a fresh context."""
+@dataclass(frozen=True)
+class Target:
+    """One trained model to measure: a run's final model or one of its snapshots."""
+
+    run_path: Path
+    level: float | None = None
+    """The snapshot's train-loss level; None for the final model."""
+    folder: Path | None = None
+    """Where its model.pt and measures.json are (the run folder for the final model)."""
+    sha256: str | None = None
+    """A snapshot's recorded model hash (the final model's is in run.json)."""
+
+    @property
+    def where(self) -> Path:
+        return self.folder or self.run_path
+
+    @property
+    def measures_file(self) -> Path:
+        return self.where / MEASURES_JSON
+
+    @property
+    def model_file(self) -> Path:
+        return self.where / MODEL_FILE
+
+    @property
+    def label(self) -> str:
+        return self.run_path.name + ("" if self.level is None else f"@loss{self.level:g}")
+
+
+def measure_targets(run_path: Path, snapshots: bool = True) -> list[Target]:
+    """A finished run's final model and, with `snapshots`, the models it kept at its loss levels."""
+    run_path = Path(run_path)
+    targets = [Target(run_path)]
+    if snapshots:
+        try:
+            info = load_run_info(run_path)
+        except FlatbenchError:
+            return targets
+        for snap in info.get("snapshots") or []:
+            targets.append(Target(run_path, float(snap["level"]), run_path / snap["path"], snap.get("model_sha256")))
+    return targets
+
+
+def _as_target(target: Target | Path) -> Target:
+    return target if isinstance(target, Target) else Target(Path(target))
+
+
+def measurement_context(cfg: MeasureConfig) -> dict[str, Any]:
+    """What, besides a measure's own settings, its value depends on: recorded with every entry."""
+    return {"n_examples": cfg.n_examples, "dtype": cfg.dtype, "normalized_ce_tau": cfg.normalized_ce_tau}
+
+
+def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
+    """Load a finished run's model (final or snapshot, its hash checked) and its measurement set."""
     from flatbench.data import load_dataset, measurement_subset
     from flatbench.train import load_model
 
-    info = load_run_info(run_path)
+    target = _as_target(target)
+    info = load_run_info(target.run_path)
     run_cfg: RunConfig = run_config_from_dict(info["config"])
+    if run_cfg.run_id() != target.run_path.name:
+        raise FlatbenchError(f"{target.run_path / 'run.json'} describes run {run_cfg.run_id()}, not "
+                             f"{target.run_path.name} (edited by hand?); move the folder away or retrain it")
     dtype = DTYPES[cfg.dtype]
-    model = load_model(run_path, device=device).to(dtype).eval()
+    model_file = None if target.level is None else target.model_file
+    model = load_model(target.run_path, device=device, model_file=model_file, sha256=target.sha256)
+    model = model.to(dtype).eval()
     for p in model.parameters():
         p.requires_grad_(True)
     ds = load_dataset(run_cfg.data, run_cfg.seed, device=device)
@@ -73,6 +147,8 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
         values = {}
         for key, value in out.values.items():
             base, _, detail = key.partition("/")
+            if spec.base and base == spec.base:  # a variant's results carry the variant's name
+                base = spec.name
             values[f"{base}{suffix}" + (f"/{detail}" if detail else "")] = float(value)
         record.update(status="ok", values=values, info=out.info)
     except NotApplicable as exc:
@@ -87,43 +163,118 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
     return record
 
 
-def pending_entries(run_path: Path, names: list[str], cfg: MeasureConfig, force: bool = False
+def read_entries(target: Target | Path) -> tuple[dict[str, Any], str | None]:
+    """A target's measures.json entries and, if the file is damaged, what is wrong with it."""
+    path = _as_target(target).measures_file
+    if not path.is_file():
+        return {}, None
+    entries, problem = read_json_salvaged(path)
+    return {k: v for k, v in entries.items() if isinstance(v, dict)}, problem
+
+
+def _up_to_date(record: dict[str, Any], settings: dict[str, Any], context: dict[str, Any]) -> bool:
+    if record.get("status") not in DONE:
+        return False
+    stored = {k: v for k, v in (record.get("settings") or {}).items() if k != "loss"}
+    return stored == settings and record.get("context") == context
+
+
+def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig, force: bool = False
                     ) -> tuple[dict[str, Any], list[tuple[MeasureSpec, str | None, str]]]:
-    """A run's measures.json content and the (spec, loss, key) entries still to compute."""
-    path = Path(run_path) / MEASURES_JSON
-    results: dict[str, Any] = read_json(path) if path.is_file() else {}
+    """A target's measures.json content and the (spec, loss, key) entries still to compute."""
+    results, _ = read_entries(target)
+    context = measurement_context(cfg)
     todo = []
     for name in resolve_names(names):
         spec = get_measure(name)
+        settings = spec.settings(cfg.settings)
         for loss in (cfg.losses if spec.uses_loss else (None,)):
             key = entry_key(name, loss)
-            if force or results.get(key, {}).get("status") not in ("ok", "not_applicable"):
+            if force or not _up_to_date(results.get(key, {}), settings, context):
                 todo.append((spec, loss, key))
     return results, todo
 
 
-def measure_run(run_path: Path, names: list[str], cfg: MeasureConfig, device: torch.device,
-                force: bool = False, echo: Callable[[str], None] | None = None,
-                ctx: MeasureContext | None = None) -> dict[str, Any]:
-    """Compute the missing measures of one finished run; returns its measures.json content.
+@dataclass
+class MeasureReport:
+    """What `measure_run` did on one target."""
 
-    `ctx`: an already built context of this run (e.g. with group-computed quantities in its cache).
+    entries: int
+    errors: int
+    failure: str | None = None
+    """Why the model could not be measured at all (its entries then hold this error)."""
+    damaged: str | None = None
+    """The damaged measures.json that was repaired (its readable entries kept)."""
+
+
+def format_value(value: Any) -> str:
+    """A measure value for people: 4 significant digits."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{v:.4g}" if math.isfinite(v) else str(v)
+
+
+def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, device: torch.device,
+                force: bool = False, echo: Callable[[str], None] | None = None,
+                ctx: MeasureContext | None = None, on_entry: Callable[[str, str], None] | None = None
+                ) -> MeasureReport:
+    """Compute the missing measures of one finished run's model (final or snapshot).
+
+    `ctx`: an already built context of this target (e.g. with group-computed quantities in its cache).
+    `on_entry(label, key)` is called after each entry (a progress bar).
     """
-    run_path = Path(run_path)
-    if not is_finished(run_path):
-        raise FlatbenchError(f"run {run_path.name} has not finished training; run `flatbench train` first")
-    path = run_path / MEASURES_JSON
-    results, todo = pending_entries(run_path, names, cfg, force)
-    if not todo:
-        return results
-    ctx = ctx or build_context(run_path, cfg, device)
-    for spec, loss, key in todo:
-        settings = {**spec.defaults, **cfg.settings.get(spec.name, {})}
-        record = compute_entry(ctx, spec, settings, loss)
-        results[key] = record
+    target = _as_target(target)
+    if not is_finished(target.run_path):
+        raise FlatbenchError(f"run {target.run_path.name} has not finished training; run `flatbench train` first")
+    path = target.measures_file
+    results, damaged = read_entries(target)
+    report = MeasureReport(entries=len(results), errors=0)
+    if damaged:
+        report.damaged = str(path)
+        shutil.copyfile(path, path.with_name(path.name + ".damaged"))
         atomic_write_json(path, results)
         if echo:
-            status = record["status"]
-            shown = record.get("values", {}).get(key) if status == "ok" else record.get("error") or record.get("reason")
-            echo(f"  {run_path.name}  {key:32s} {status:14s} {shown}  ({record['seconds']:.2f}s)")
-    return results
+            echo(f"warning: {path} was damaged ({damaged}); kept its {len(results)} readable entries (the damaged "
+                 f"file is kept as {path.name}.damaged) and recomputing the rest")
+    results, todo = pending_entries(target, names, cfg, force)
+    if not todo:
+        return report
+    context = measurement_context(cfg)
+    if ctx is None:
+        try:
+            ctx = build_context(target, cfg, device)
+        except FlatbenchError as exc:
+            report.failure = str(exc)
+            for spec, loss, key in todo:
+                results[key] = {"status": "error", "error": f"the model could not be loaded: {exc}",
+                                "settings": spec.settings(cfg.settings), "context": context, "seconds": 0.0}
+                report.errors += 1
+            atomic_write_json(path, results)
+            if echo:
+                echo(f"  {target.label}: cannot be measured: {exc}")
+            return report
+    for spec, loss, key in todo:
+        record = compute_entry(ctx, spec, spec.settings(cfg.settings), loss)
+        record["context"] = context
+        results[key] = record
+        atomic_write_json(path, results)
+        report.errors += record["status"] == "error"
+        if on_entry:
+            on_entry(target.label, key)
+        if echo:
+            echo(_entry_line(target.label, key, record))
+    report.entries = len(results)
+    return report
+
+
+def _entry_line(label: str, key: str, record: dict[str, Any]) -> str:
+    """One line per entry; a not-applicable reason or an error goes on its own short line below."""
+    status = record["status"]
+    head = f"  {label}  {key:34s} "
+    if status == "ok":
+        return f"{head}{format_value(record['values'].get(key)):>11}  ({record['seconds']:.2f}s)"
+    text = str(record.get("reason") or record.get("error") or "")
+    first = text.splitlines()[0] if text else ""
+    return f"{head}{status.replace('_', ' ')}\n      {first[:150]}"
