@@ -457,7 +457,9 @@ def test_rangamani_power_iteration_matches_explicit_eigenvalue(trained, data):
     assert info["converged"]
     assert lam == pytest.approx(expected, rel=1e-6)
     value, info = _run("scale_invariant_rangamani", trained, x, y)
-    assert info["lambda_max"] == pytest.approx(expected, rel=1e-2)
+    # the default stopping rule (residual ≤ tol·|λ|, tol = 1e-4) puts λ within tol of an eigenvalue
+    assert info["converged"] and info["residual"] <= 1e-4
+    assert info["lambda_max"] == pytest.approx(expected, rel=1e-4)
     assert value == pytest.approx(info["lambda_max"] / (2 + 2 * info["loss"]), rel=1e-12)
 
 

@@ -95,7 +95,7 @@ def tiny_mlp_nobias() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 def test_alternating_solver_matches_generic_optimizer(shape: tuple[int, int], seed: int) -> None:
     h, q = _random_problem(*shape, seed)
     res = solve_normalized_sharpness(h, q)
-    assert res.converged and res.rel_change <= 1e-10
+    assert res.converged and res.rel_change <= 1e-10 and res.kkt_residual <= 1e-10
     fun = _ns_objective(h.numpy(), q.numpy())
     z0 = np.zeros(sum(shape))
     ref = minimize(fun, z0, jac=True, method="L-BFGS-B",
@@ -185,6 +185,7 @@ def test_normalized_sharpness_measures_on_a_trained_mlp(tiny_mlp) -> None:
         assert value <= closed * (1 + 1e-12)
         layer = ns.info["layers"][n]
         assert layer["converged"] and layer["rel_change"] <= 1e-10 and layer["iterations"] >= 1
+        assert layer["kkt_residual"] <= 1e-10
     assert ns.values["normalized_sharpness"] == pytest.approx(
         sum(ns.values[f"normalized_sharpness/{n}"] for n in names))
     assert ns.info["loss"] == "ce" and ns.info["diagonal_method"] == "exact"
