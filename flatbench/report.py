@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from flatbench import store
@@ -36,7 +37,7 @@ from flatbench.analysis.stats import (
     measure_specs,
     oriented,
 )
-from flatbench.analysis.table import RunRecord, build_table, load_records, to_float
+from flatbench.analysis.table import RunRecord, build_table, load_records, stderr_columns, to_float
 from flatbench.errors import FlatbenchError
 
 __all__ = ["ReportSummary", "build_table", "correlations", "format_summary", "report_study", "write_report"]
@@ -66,6 +67,8 @@ class ReportSummary:
     table: pd.DataFrame
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    """Why the verdict may not hold (e.g. runs that stopped at very different train losses)."""
 
 
 def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | None = None,
@@ -133,7 +136,8 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
 def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str = "acc",
                  min_train_acc: float = 0.0, quiet: bool = False, echo: Callable[[str], Any] = print,
                  n_boot: int = 1000, seed: int = 0, records: list[RunRecord] | None = None,
-                 stale: list[RunRecord] | None = None, report_cfg: Any = None) -> ReportSummary:
+                 stale: list[RunRecord] | None = None, report_cfg: Any = None,
+                 max_train_loss: float | None = None, max_loss_span: float | None = None) -> ReportSummary:
     """Read the experiment folders (or use `records`), compute the statistics, write every report file,
     print the ranking. `stale` runs are listed as not in this study.
 
@@ -157,6 +161,11 @@ def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str
                                "reason": "not in this study (left by an earlier version of its config; "
                                          "report --include-stale counts it)"} for rec in stale])
         analysis.excluded = pd.concat([analysis.excluded, extra], ignore_index=True)
+    if report_cfg is not None:
+        max_train_loss = report_cfg.max_train_loss if max_train_loss is None else max_train_loss
+        max_loss_span = report_cfg.max_loss_span if max_loss_span is None else max_loss_span
+    endpoint = check_endpoint(analysis.included, max_train_loss or 0.01, max_loss_span or 10.0)
+    levels = level_correlations(records, gap=gap, n_boot=n_boot, seed=seed, final=analysis.correlations)
     notes = list(analysis.notes)
     corr = analysis.correlations
 
@@ -165,12 +174,17 @@ def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str
     corr_csv = out_dir / "correlations.csv"
     store.atomic_write_text(table_csv, table.to_csv(index=False))
     store.atomic_write_text(corr_csv, corr.to_csv(index=False))
+    store.atomic_write_text(out_dir / "comparisons.csv", analysis.comparisons.to_csv(index=False))
+    if len(levels):
+        store.atomic_write_text(out_dir / "correlations_by_level.csv", levels.to_csv(index=False))
+    else:
+        (out_dir / "correlations_by_level.csv").unlink(missing_ok=True)
 
-    figures = _draw_figures(analysis, out_dir / "plots")
+    figures = _draw_figures(analysis, out_dir / "plots", records=records, levels=levels)
 
     best = _best_measure(corr)
     doc = _build_document(exp_dirs, records, table, analysis, figures, notes, best, n_boot, seed,
-                          min_train_acc)
+                          min_train_acc, endpoint, levels)
     report_md = out_dir / "report.md"
     report_html = out_dir / "report.html"
     store.atomic_write_text(report_md, doc.to_markdown())
@@ -183,13 +197,105 @@ def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str
         n_finished=int((table["status"] == "finished").sum()) if len(table) else 0,
         n_included=len(analysis.included), excluded=analysis.excluded.to_dict(orient="records"),
         best_measure=best, correlations=corr, table=table, notes=notes,
-        seconds=time.perf_counter() - start)
+        seconds=time.perf_counter() - start, warnings=list(endpoint.warnings))
     if quiet:
         best_txt = f"; best: {best} (tau = {_f(corr.iloc[0]['kendall_tau'])})" if best else ""
         echo(f"report: {report_html} ({summary.n_included} of {summary.n_runs} runs used{best_txt})")
+        for warning in summary.warnings:
+            echo(f"WARNING: {warning}")
     else:
         echo(format_summary(summary, analysis))
     return summary
+
+
+# ------------------------------------------------------------------------------------- training endpoint
+
+@dataclass
+class Endpoint:
+    """Where the runs stopped training: their final train losses and whether that makes curvature
+    measures comparable (a curvature measure of the cross-entropy shrinks with the loss, so across runs
+    that ended at losses decades apart it mostly measures the loss)."""
+
+    low: float
+    high: float
+    span: float
+    above: list[str]
+    """Runs that ended above `report.max_train_loss`."""
+    missed: list[str]
+    """Runs whose `train.target_train_loss` / `target_train_acc` was not reached by `train.epochs`."""
+    warnings: list[str]
+
+
+def check_endpoint(included: pd.DataFrame, max_train_loss: float, max_loss_span: float) -> Endpoint:
+    """The endpoint warnings of a report (see `Endpoint`)."""
+    losses = pd.to_numeric(included.get("train_loss", pd.Series(dtype=float)), errors="coerce").to_numpy(float)
+    finite = losses[np.isfinite(losses)]
+    low = float(finite.min()) if len(finite) else math.nan
+    high = float(finite.max()) if len(finite) else math.nan
+    span = high / low if len(finite) and low > 0 else math.inf if len(finite) else math.nan
+    ids = included["run_id"].tolist() if "run_id" in included else []
+    above = [rid for rid, loss in zip(ids, losses) if math.isfinite(loss) and loss > max_train_loss]
+    reached = included.get("reached_target", pd.Series([None] * len(included), index=included.index))
+    missed = [rid for rid, r in zip(ids, reached) if r is False or str(r) == "False"]
+    warnings = []
+    if len(finite) and span > max_loss_span:
+        warnings.append(f"the runs' final train losses span {low:.3g} to {high:.3g} ({span:.3g}x > "
+                        f"report.max_loss_span = {max_loss_span:g}): curvature measures of runs stopped at such "
+                        "different losses are not comparable (stop every run at train.target_train_loss)")
+    if above:
+        warnings.append(f"{len(above)} run(s) ended above train loss {max_train_loss:g} (report.max_train_loss), "
+                        f"e.g. {above[0]}: not at a minimum")
+    if missed:
+        warnings.append(f"{len(missed)} run(s) stopped at train.epochs before reaching their training target, "
+                        f"e.g. {missed[0]}")
+    return Endpoint(low, high, span, above, missed, warnings)
+
+
+def snapshot_records(records: list[RunRecord]) -> dict[float, list[RunRecord]]:
+    """Per train-loss level, each run's snapshot at that level as a record of its own: the run's identity
+    and config, the snapshot's accuracies, losses and gaps, and the snapshot's measures."""
+    levels: dict[float, list[RunRecord]] = {}
+    for rec in records:
+        for snap in rec.info.get("snapshots") or []:
+            folder = rec.path / str(snap.get("path", ""))
+            measures: dict[str, dict[str, Any]] = {}
+            problems: list[str] = []
+            if (folder / store.MEASURES_JSON).is_file():
+                try:
+                    measures = {str(k): v for k, v in store.read_json(folder / store.MEASURES_JSON).items()
+                                if isinstance(v, dict)}
+                except FlatbenchError as exc:
+                    problems.append(str(exc))
+            info = {**{k: v for k, v in rec.info.items() if k not in ("snapshots", "history")},
+                    **{k: snap.get(k) for k in ("train_acc", "train_loss", "test_acc", "test_loss", "gap_acc",
+                                                "gap_loss", "epoch")}, "epochs": snap.get("epoch")}
+            levels.setdefault(float(snap["level"]), []).append(
+                RunRecord(experiment=rec.experiment, run_id=rec.run_id, path=folder, info=info,
+                          measures=measures, problems=problems))
+    return dict(sorted(levels.items(), reverse=True))
+
+
+def level_correlations(records: list[RunRecord], gap: str = "acc", n_boot: int = 1000, seed: int = 0,
+                       final: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each measure's Kendall τ with the gap at every snapshot level (the models as they were when their
+    train loss first reached it), plus the final models' (level "final"). Empty when no run kept snapshots.
+
+    At a level every run is at the same train loss by construction, so no run is excluded for its train
+    accuracy there (a run that never reached the level has no snapshot and is simply absent: n says so)."""
+    per_level = snapshot_records(records)
+    if not per_level:
+        return pd.DataFrame()
+    rows = []
+    cols = ["measure", "kendall_tau", "kendall_tau_lo", "kendall_tau_hi", "kendall_p", "n"]
+    for level, recs in per_level.items():
+        table = build_table([], records=recs)
+        corr = analyze(table, gap=gap, min_train_acc=0.0, n_boot=n_boot, seed=seed).correlations
+        for r in corr.to_dict(orient="records"):
+            rows.append({"level": level, **{c: r.get(c) for c in cols}})
+    if final is not None:
+        for r in final.to_dict(orient="records"):
+            rows.append({"level": "final", **{c: r.get(c) for c in cols}})
+    return pd.DataFrame(rows, columns=["level", *cols])
 
 
 # ----------------------------------------------------------------------------------------------- figures
@@ -200,7 +306,8 @@ def plot_filename(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "measure"
 
 
-def _draw_figures(analysis: Analysis, plot_dir: Path) -> list[tuple[str, bytes, str]]:
+def _draw_figures(analysis: Analysis, plot_dir: Path, records: list[RunRecord] | None = None,
+                  levels: pd.DataFrame | None = None) -> list[tuple[str, bytes, str]]:
     """Every figure as (file name, PNG bytes, caption); also written to `plot_dir` (stale PNGs removed)."""
     frame = analysis.included
     corr = analysis.correlations
@@ -222,6 +329,26 @@ def _draw_figures(analysis: Analysis, plot_dir: Path) -> list[tuple[str, bytes, 
     out.append(("agreement.png", plots.agreement_figure(matrix),
                 ("Kendall τ between measures over the runs (measures oriented so larger = sharper): "
                 "which measures rank the models alike.")))
+    if len(analysis.comparisons):
+        out.append(("comparisons.png", plots.comparison_figure(analysis.comparisons, keys),
+                    "Paired comparison of the measures: τ_row − τ_col over the runs both have, from the same "
+                    "bootstrap resamples; cells whose 95% interval contains 0 are marked as not significant."))
+    if records:
+        included = set(zip(frame["experiment"], frame["run_id"])) if len(frame) else set()
+        used_records = [r for r in records if (r.experiment, r.run_id) in included]
+        histories = {r.run_id: r.info.get("history") or [] for r in used_records}
+        ratios = {r.run_id: (r.info.get("config") or {}).get("data", {}).get("random_label_ratio")
+                  for r in used_records}
+        if any(histories.values()):
+            out.append(("training_curves.png", plots.training_curves_figure(histories, ratios),
+                        "Train accuracy (on the labels trained on, left) and test accuracy (right) per epoch: "
+                        "the gap at the end is a memorization gap."))
+    if levels is not None and len(levels):
+        out.append(("tau_by_level.png", plots.tau_by_level_figure(levels),
+                    "Kendall τ of each measure with the gap at every train-loss level the runs were "
+                    "snapshotted at (and at their final models): how much a verdict depends on how far "
+                    "training went."))
+    se_cols = stderr_columns(frame) if len(frame) else {}
     used = {name for name, _, _ in out}
     for key in keys:
         name = plot_filename(key) + ".png"
@@ -229,7 +356,8 @@ def _draw_figures(analysis: Analysis, plot_dir: Path) -> list[tuple[str, bytes, 
             name = name[:-4] + "_.png"
         used.add(name)
         out.append((name, plots.measure_figure(frame, key, gap, gcol, labels, rows.get(key),
-                                               analysis.larger_is_sharper.get(key, True)),
+                                               analysis.larger_is_sharper.get(key, True),
+                                               se_column=se_cols.get(key)),
                     f"`{key}` against the gap."))
     plot_dir.mkdir(parents=True, exist_ok=True)
     for name, png, _ in out:
@@ -281,17 +409,20 @@ def format_summary(summary: ReportSummary, analysis: Analysis | None = None) -> 
              f"{summary.n_included} used, {len(summary.excluded)} excluded "
              f"(gap: {'train acc - test acc' if gap == 'acc' else 'test loss - train loss'})")]
     if len(corr):
-        header = ["#", "measure", "n", "tau [95% CI]", "rho", "r", "Psi", "CMI"]
+        header = ["#", "measure", "n", "tau [95% CI]", "p", "vs best", "rho", "r", "Psi", "CMI"]
         body = []
+        marks = {"best": "best", "indistinguishable": "~best", "worse": "worse", "better on shared runs": "better*"}
         for i, row in enumerate(corr.to_dict(orient="records"), 1):
             name = row["measure"] + ("" if row["larger_is_sharper"] else " (-)")
-            body.append([str(i), name, str(row["n"]), _ci(row, "kendall_tau"), _f(row["spearman_rho"]),
+            body.append([str(i), name, str(row["n"]), _ci(row, "kendall_tau"), _p(row.get("kendall_p")),
+                         marks.get(str(row.get("vs_best") or ""), ""), _f(row["spearman_rho"]),
                          _f(row["pearson_r"]), _f(row["psi"]), _f(row["cmi"])])
         widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]
-        left = {1, 3}
+        left = {1, 3, 5}
         for r in [header, *body]:
             cells = [r[c].ljust(widths[c]) if c in left else r[c].rjust(widths[c]) for c in range(len(r))]
             lines.append("  " + "  ".join(cells).rstrip())
+        lines.append("  p: permutation p-value of tau; ~best: indistinguishable from the best (paired bootstrap)")
         if any(not v for v in corr["larger_is_sharper"]):
             lines.append("  (-) smaller value = sharper: negated, so tau > 0 always means 'tracks the gap'")
     else:
@@ -300,6 +431,8 @@ def format_summary(summary: ReportSummary, analysis: Analysis | None = None) -> 
         lines.append(f"  excluded {ex['run_id']}: {ex['reason']}")
     if len(summary.excluded) > 10:
         lines.append(f"  ... and {len(summary.excluded) - 10} more excluded runs (see the report)")
+    for warning in summary.warnings:
+        lines.append(f"  WARNING: {warning}")
     for note in summary.notes:
         lines.append(f"  note: {note}")
     lines.append(f"report: {summary.report_html}")
@@ -334,9 +467,17 @@ def _registry_info() -> dict[str, Any]:
         return {}
 
 
+def _p(value: Any) -> str:
+    v = to_float(value)
+    if not math.isfinite(v):
+        return "n/a"
+    return f"{v:.2g}" if v >= 0.001 else "<0.001"
+
+
 def _build_document(exp_dirs: list[Path], records: list[RunRecord], table: pd.DataFrame,
                     analysis: Analysis, figures: list[tuple[str, bytes, str]], notes: list[str],
-                    best: str | None, n_boot: int, seed: int, min_train_acc: float) -> Document:
+                    best: str | None, n_boot: int, seed: int, min_train_acc: float,
+                    endpoint: Endpoint | None = None, levels: pd.DataFrame | None = None) -> Document:
     corr = analysis.correlations
     names = ", ".join(f"`{p.name}`" for p in exp_dirs)
     doc = Document(title=f"flatbench report: {', '.join(p.name for p in exp_dirs)}")
@@ -370,22 +511,50 @@ def _build_document(exp_dirs: list[Path], records: list[RunRecord], table: pd.Da
     if notes:
         doc.add(Bullets([f"Note: {n}" for n in notes]))
 
+    # Training endpoint -------------------------------------------------------------------------------
+    if endpoint is not None and len(analysis.included):
+        doc.add(Heading(2, "Training endpoint", "endpoint"))
+        doc.add(Paragraph(
+            f"Final train loss of the runs used: {endpoint.low:.3g} to {endpoint.high:.3g} (a factor of "
+            f"{endpoint.span:.3g}). The cross-entropy's curvature shrinks with the loss, so curvature measures are "
+            "comparable only between runs that stopped at similar losses (`train.target_train_loss`)."))
+        if endpoint.warnings:
+            doc.add(Bullets([f"**Warning:** {w}" for w in endpoint.warnings]))
+        else:
+            doc.add(Paragraph("Every run ended within the report's limits (`report.max_train_loss`, "
+                              "`report.max_loss_span`)."))
+
     # Ranking -----------------------------------------------------------------------------------------
     doc.add(Heading(2, "Ranking", "ranking"))
-    doc.add(Paragraph(f"Correlation of each measure with the gap over the runs where it has a value (n); "
-                      f"95% percentile-bootstrap intervals from {n_boot} resamples of the runs (seed "
-                      f"{seed}). Ψ is Jiang et al.'s granulated Kendall coefficient (mean over axes of τ "
-                      "among runs that differ in that axis only); CMI is their conditional "
+    min_ci = corr.attrs.get("min_ci_runs", 10)
+    doc.add(Paragraph(f"Correlation of each measure with the gap over the runs where it has a value (n). "
+                      f"p: two-sided permutation p-value of Kendall τ (exact below 8 runs, else "
+                      f"{corr.attrs.get('n_perm', 9999)} seeded permutations). Intervals: 95% percentile "
+                      f"bootstrap from {n_boot} resamples of the runs (seed {seed}), given only from {min_ci} runs "
+                      "on (below that a bootstrap interval is unreliable and often collapses to a point). "
+                      "vs best: the paired bootstrap comparison with the best measure over the runs both have "
+                      "(indistinguishable when the interval of the τ difference contains 0, or when there is "
+                      "no interval). SE/spread: a Monte-Carlo measure's median standard error over the "
+                      "standard deviation of its values. Ψ is Jiang et al.'s granulated Kendall coefficient "
+                      "(mean over axes of τ among runs that differ in that axis only); CMI is their conditional "
                       "mutual-information score (sign-agnostic, minimum over conditioning sets)."))
     if len(corr):
         rows = []
         for i, r in enumerate(corr.to_dict(orient="records"), 1):
             rows.append([str(i), f"`{r['measure']}`", "larger" if r["larger_is_sharper"] else "smaller",
-                         str(r["n"]), _ci(r, "kendall_tau"), _ci(r, "spearman_rho"), _ci(r, "pearson_r"),
+                         str(r["n"]), _ci(r, "kendall_tau"), _p(r.get("kendall_p")),
+                         str(r.get("vs_best") or "") + (f" (p {_p(r.get('vs_best_p'))})"
+                                                        if r.get("vs_best") not in (None, "", "best")
+                                                        and math.isfinite(to_float(r.get("vs_best_p"))) else ""),
+                         _ci(r, "spearman_rho"), _ci(r, "pearson_r"), _f(r.get("se_ratio")),
                          _f(r["psi"]), _f(r["cmi"]), r["note"] or ""])
-        doc.add(Table(["#", "measure", "sharper when", "n", "Kendall τ [95% CI]", "Spearman ρ [95% CI]",
-                       "Pearson r [95% CI]", "Ψ", "CMI", "note"], rows,
-                      [True, False, False, True, True, True, True, True, True, False]))
+        doc.add(Table(["#", "measure", "sharper when", "n", "Kendall τ [95% CI]", "p", "vs best",
+                       "Spearman ρ [95% CI]", "Pearson r [95% CI]", "SE/spread", "Ψ", "CMI", "note"], rows,
+                      [True, False, False, True, True, True, False, True, True, True, True, True, False]))
+        tied = [r["measure"] for r in corr.to_dict(orient="records") if r.get("vs_best") in ("best", "indistinguishable")]
+        if best is not None:
+            doc.add(Paragraph("Indistinguishable from the best on this study (paired bootstrap): "
+                              + ", ".join(f"`{m}`" for m in tied) + "."))
         if analysis.axes:
             doc.add(Heading(3, "Granulated Kendall per axis"))
             headers = ["measure", *[f"ψ `{a}`" for a in analysis.axes], "Ψ", "CMI attained at"]
@@ -399,9 +568,29 @@ def _build_document(exp_dirs: list[Path], records: list[RunRecord], table: pd.Da
         doc.add(Paragraph(f"Correlations need at least {MIN_RUNS} trained runs; this study has "
                           f"{len(analysis.included)}."))
 
+    # By training-loss level ----------------------------------------------------------------------------
+    if levels is not None and len(levels):
+        doc.add(Heading(2, "Verdict by training-loss level", "levels"))
+        doc.add(Paragraph("Each measure's Kendall τ with the gap on the models as they were when their train loss "
+                          "first reached each level (`train.snapshot_losses`), and on the final models. n is "
+                          "the number of runs that reached the level."))
+        order = [str(m) for m in corr["measure"]] if len(corr) else sorted(set(levels["measure"]))
+        cols = list(dict.fromkeys(levels["level"].tolist()))
+        lookup = {(r["measure"], r["level"]): r for r in levels.to_dict(orient="records")}
+        rows = []
+        for m in order:
+            cells = []
+            for lv in cols:
+                r = lookup.get((m, lv))
+                cells.append("n/a" if r is None else f"{_f(r['kendall_tau'])} (n {r['n']})")
+            rows.append([f"`{m}`", *cells])
+        doc.add(Table(["measure", *[f"loss ≤ {lv:g}" if lv != "final" else "final" for lv in cols]], rows,
+                      [False, *[True] * len(cols)]))
+
     # Figures ------------------------------------------------------------------------------------------
     doc.add(Heading(2, "Figures", "figures"))
-    fixed = {"ranking.png", "overview.png", "vs_ratio.png", "agreement.png"}
+    fixed = {"ranking.png", "overview.png", "vs_ratio.png", "agreement.png", "comparisons.png",
+             "training_curves.png", "tau_by_level.png"}
     for name, png, caption in figures:
         if name in fixed:
             doc.add(Image(f"plots/{name}", png, caption))
@@ -457,12 +646,16 @@ def _build_document(exp_dirs: list[Path], records: list[RunRecord], table: pd.Da
     shown = table.head(MAX_RUN_ROWS)
     rows = []
     for _, r in shown.iterrows():
+        loss = to_float(r.get("train_loss"))
         rows.append([f"`{r['run_id']}`", str(r["status"]), *[str(r[a]) for a in axis_cols],
-                     _f(r["train_acc"], 3), _f(r["test_acc"], 3), _f(r[analysis.gap_column], 3),
+                     _f(r["train_acc"], 3), f"{loss:.3g}" if math.isfinite(loss) else "n/a",
+                     _f(r["test_acc"], 3), _f(r[analysis.gap_column], 3), _f(r.get("epochs"), 0),
+                     {True: "yes", False: "no"}.get(r.get("reached_target"), "-") if not isinstance(
+                         r.get("reached_target"), float) else "-",
                      _seconds(to_float(r["train_seconds"]))])
-    doc.add(Table(["run", "status", *[f"`{a}`" for a in axis_cols], "train acc", "test acc", "gap",
-                   "train time"], rows,
-                  [False, False, *[False] * len(axis_cols), True, True, True, True]))
+    doc.add(Table(["run", "status", *[f"`{a}`" for a in axis_cols], "train acc", "train loss", "test acc",
+                   "gap", "epochs", "target reached", "train time"], rows,
+                  [False, False, *[False] * len(axis_cols), True, True, True, True, True, False, True]))
     if n_runs > MAX_RUN_ROWS:
         doc.add(Paragraph(f"First {MAX_RUN_ROWS} of {n_runs} runs; table.csv has all of them."))
 

@@ -223,3 +223,40 @@ def test_readme_quickstart_block_is_the_real_config():
     match = re.search(r"<!-- configs/quickstart\.yaml -->\n```yaml\n(.*?)```", readme, re.S)
     assert match, "README must show configs/quickstart.yaml in a ```yaml block after its marker comment"
     assert match.group(1) == config
+
+
+# ---------------------------------------------------------------- training endpoint
+
+
+def test_loss_target_snapshots_and_the_verdict_by_level(write_config, tmp_path):
+    """Runs stop at a common train loss, keep snapshots on the way, and the report gives each measure's τ
+    at every level with its figure; a study whose runs end far apart in loss is warned about."""
+    cfg = write_config({"train": {"epochs": 60, "batch_size": 64, "lr": 0.003, "target_train_loss": 0.2,
+                                  "snapshot_losses": [1.0, 0.5]},
+                        "measure": {"measures": ["frobenius_norm", "hessian_trace"], "n_examples": 100},
+                        "report": {"min_train_acc": 0.0, "max_train_loss": 0.5}})
+    result = run_cli("run", str(cfg), "--out", str(tmp_path / "o"), "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr
+    exp = tmp_path / "o" / "tiny"
+    table = pd.read_csv(exp / "table.csv")
+    assert (table["train_loss"] <= 0.2).all() and table["reached_target"].all()
+    levels = pd.read_csv(exp / "correlations_by_level.csv")
+    assert list(dict.fromkeys(levels["level"])) == ["1.0", "0.5", "final"]
+    assert set(levels["measure"]) == {"frobenius_norm", "hessian_trace"}
+    for rid in parse_study(yaml.safe_load(cfg.read_text())).run_ids():
+        for level in ("1", "0.5"):
+            snap = exp / "runs" / rid / "snapshots" / f"loss_{level}"
+            entries = json.loads((snap / "measures.json").read_text())
+            assert entries["hessian_trace"]["status"] == "ok"
+    frob_final = levels[(levels["level"] == "final") & (levels["measure"] == "frobenius_norm")]
+    corr = pd.read_csv(exp / "correlations.csv").set_index("measure")
+    assert frob_final["kendall_tau"].iloc[0] == pytest.approx(corr.loc["frobenius_norm", "kendall_tau"])
+    assert (exp / "plots" / "tau_by_level.png").is_file() and (exp / "plots" / "training_curves.png").is_file()
+    report = (exp / "report.md").read_text()
+    assert "## Verdict by training-loss level" in report and "## Training endpoint" in report
+    assert "WARNING" not in result.stdout  # every run ended at loss <= 0.2, within 10x of each other
+    # the same runs judged against a lower loss bar: warned, not hidden
+    from flatbench.report import write_report
+
+    summary = write_report([exp], tmp_path / "r", max_train_loss=1e-3, n_boot=10, echo=lambda _m: None)
+    assert any("ended above train loss 0.001" in w for w in summary.warnings)

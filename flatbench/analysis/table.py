@@ -33,6 +33,7 @@ from flatbench.errors import FlatbenchError
 RATIO_COLUMN = "data.random_label_ratio"
 BASE_COLUMNS = ("run_id", "experiment", "status")
 METRIC_COLUMNS = ("train_acc", "train_loss", "test_acc", "test_loss", "gap_acc", "gap_loss", "epochs",
+                  "reached_target",
                   "train_seconds", "measure_seconds", "device")
 FACT_COLUMNS = ("dataset.num_classes", "dataset.n_train", "dataset.n_test", "labels.scheme",
                 "labels.ratio", "labels.n_corrupted", "labels.n_changed")
@@ -213,6 +214,7 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
         if math.isnan(row["gap_loss"]):
             row["gap_loss"] = row["test_loss"] - row["train_loss"]
         row["epochs"] = to_float(info.get("epochs"))
+        row["reached_target"] = info.get("reached_target")
         row["train_seconds"] = to_float(info.get("seconds"))
         row["device"] = info.get("device")
         for section, keys in (("dataset", ("num_classes", "n_train", "n_test")),
