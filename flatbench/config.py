@@ -139,6 +139,9 @@ class MeasureConfig:
     (auto: on CUDA only, where it is 4-9x faster; on a CPU it is slower)."""
     snapshots: bool = True
     """Also measure the models kept at `train.snapshot_losses` (each level costs one more measure pass)."""
+    snapshot_measures: tuple[str, ...] | None = None
+    """The measures computed on the snapshots (default: the same as `measures`); e.g. only the curvature
+    measures, whose dependence on the training endpoint the levels are meant to show."""
 
 
 @dataclass(frozen=True)
@@ -584,7 +587,7 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None) 
 
     mraw = dict(raw.get("measure") or {})
     mtypes = _field_types(MeasureConfig)
-    for key in ("measures", "losses"):
+    for key in ("measures", "losses", "snapshot_measures"):
         if isinstance(mraw.get(key), str):
             mraw[key] = [mraw[key]]
     measure = MeasureConfig(**{k: _coerce(v, mtypes[k], f"measure.{k}") for k, v in mraw.items()})

@@ -103,8 +103,20 @@ def check_study(study: Study, measures: list[str] | None = None) -> list[str]:
             raise ConfigError(f"unknown model '{run.model.name}'{did_you_mean(run.model.name, MODELS)} "
                               f"(available: {', '.join(sorted(MODELS))})")
     names = resolve_names(list(study.measure.measures))
+    if study.measure.snapshot_measures is not None:
+        resolve_names(list(study.measure.snapshot_measures))
     check_settings(names, study.measure)
     return resolve_names(measures) if measures else names
+
+
+def names_for(target: Any, chosen: list[str], study: Study, given: list[str] | None) -> list[str]:
+    """The measures of one target: the chosen ones, or for a snapshot `measure.snapshot_measures` when the
+    study sets it and no measures were named on the command line."""
+    from flatbench.measures.registry import resolve_names
+
+    if getattr(target, "level", None) is None or given or study.measure.snapshot_measures is None:
+        return chosen
+    return resolve_names(list(study.measure.snapshot_measures))
 
 
 def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
@@ -320,7 +332,8 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
             counts.not_trained += 1
             continue
         targets.extend(measure_targets(path, snapshots=study.measure.snapshots))
-    bar = _MeasureBar(targets, chosen, study.measure, force, echo) if show_progress(quiet) else None
+    plan = {target: names_for(target, chosen, study, names) for target in targets}
+    bar = _MeasureBar(plan, study.measure, force) if show_progress(quiet) else None
     use_groups = study.measure.group_runs == "on" or (study.measure.group_runs == "auto" and device.type == "cuda")
     step = GROUP_SIZE if use_groups else 1
     try:
@@ -329,7 +342,7 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
             contexts = group_diagonal_contexts(batch, chosen, study.measure, device, force) if use_groups else {}
             for target in batch:
                 t0 = time.perf_counter()
-                report = measure_run(target, chosen, study.measure, device, force=force,
+                report = measure_run(target, plan[target], study.measure, device, force=force,
                                      echo=None if quiet else (bar.write if bar else echo),
                                      ctx=contexts.pop(target, None), on_entry=bar.advance if bar else None)
                 counts.measured += 1
@@ -350,13 +363,13 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
 class _MeasureBar:
     """One progress bar over every (model, measure entry) still to compute; lines go above it."""
 
-    def __init__(self, targets: list, names: list[str], cfg: Any, force: bool, echo: Echo):
+    def __init__(self, plan: dict, cfg: Any, force: bool):
         from tqdm.auto import tqdm
 
         from flatbench.measures.runner import pending_entries
 
         total = 0
-        for target in targets:
+        for target, names in plan.items():
             try:
                 total += len(pending_entries(target, names, cfg, force)[1])
             except FlatbenchError:

@@ -227,14 +227,16 @@ def test_truncated_measures_json_measure_keeps_readable_entries(copy):
 def test_corrupt_model_file_measure_goes_on_and_exits_non_zero(copy):
     _cfg, exp = copy
     model = exp / "runs" / RUN_IDS[0] / "model.pt"
+    kept = json.loads((exp / "runs" / RUN_IDS[0] / "measures.json").read_text())["frobenius_norm"]
     model.write_bytes(b"not a checkpoint")
-    result = run_cli("measure", str(exp), "--force", "--measures", "frobenius_norm", "--device", "cpu")
+    result = run_cli("measure", str(exp), "--force", "--measures", "frobenius_norm,fisher_rao_norm", "--device", "cpu")
     one_line_error(result, "could not be measured")
     assert model.read_bytes() == b"not a checkpoint"
     other = json.loads((exp / "runs" / RUN_IDS[1] / "measures.json").read_text())
-    assert other["frobenius_norm"]["status"] == "ok"
+    assert other["frobenius_norm"]["status"] == "ok" and other["fisher_rao_norm"]["status"] == "ok"
     failed = json.loads((exp / "runs" / RUN_IDS[0] / "measures.json").read_text())
-    assert failed["frobenius_norm"]["status"] == "error" and "could not be loaded" in failed["frobenius_norm"]["error"]
+    assert failed["frobenius_norm"] == kept  # computed before the damage: kept, not replaced by an error
+    assert failed["fisher_rao_norm"]["status"] == "error" and "could not be loaded" in failed["fisher_rao_norm"]["error"]
     status = run_cli("status", str(exp), "--json")
     state = json.loads(status.stdout)
     assert state["runs"][RUN_IDS[0]]["state"] == "damaged" and state["counts"]["finished"] == len(RUN_IDS) - 1

@@ -248,9 +248,11 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
         except FlatbenchError as exc:
             report.failure = str(exc)
             for spec, loss, key in todo:
+                report.errors += 1
+                if results.get(key, {}).get("status") in DONE:
+                    continue  # a value computed before the model was damaged is kept, not replaced by an error
                 results[key] = {"status": "error", "error": f"the model could not be loaded: {exc}",
                                 "settings": spec.settings(cfg.settings), "context": context, "seconds": 0.0}
-                report.errors += 1
             atomic_write_json(path, results)
             if echo:
                 echo(f"  {target.label}: cannot be measured: {exc}")
