@@ -4,6 +4,12 @@
     python scripts/bench_curvature.py --n 2000 --skip hutchinson,lanczos    # a quick run
     python scripts/bench_curvature.py --threads 1 --dtype float64
 
+    # the exact diagonal against BackPACK (pip install -e .[bench]) on 2,000 MNIST inputs, with the FLOP
+    # floor; --reference-engine times another copy of curvature.py in the same run (e.g. the last commit's)
+    git show HEAD:flatbench/curvature.py > /tmp/curvature_head.py
+    python scripts/bench_curvature.py --n 2000 --models mlp,lenet --only diagonal \
+        --reference-engine /tmp/curvature_head.py [--dtype float64] [--dataset mnist_mini]
+
 The unit is the time of one gradient of the mean loss over the whole measurement set (forward and
 backward in chunks of `--chunk-size`, as every full-data pass of the engine does). Every timing is the
 minimum over `--repeats` runs (the fairest statistic on a shared machine), except the long Hutchinson and
@@ -11,6 +17,16 @@ Lanczos runs, which are timed once. Models: the MLP 784-512-512-10 and LeNet-5 o
 briefly trained (`--train-steps` Adam steps) so that the softmax is off its initialization, in eval mode;
 loss `ce`; a 784-20-20-10 MLP for the naive per-parameter diagonal (one double-backward Hessian-vector
 product per parameter, timed on `--naive-params` evenly spaced parameters and extrapolated to all of them).
+
+BackPACK's `DiagGGNExact` (the field's library for this diagonal; for these piecewise-linear nets the
+GGN diagonal is the Hessian diagonal) runs on a deep copy of the model extended by `backpack.extend`, with
+`CrossEntropyLoss(reduction="mean")` on the same chunks (each chunk's diagonal weighted by its share), and
+is checked against flatbench's exact diagonal in the same run. The FLOP floor of the exact diagonal is
+counted from the layer shapes (multiply-adds × 2 of the matmuls and convolutions: the forward, the K = C − 1
+factor backprops down to the first layer's output, and the per-example products: one weight-sized product
+per Linear for all factors, K per-example weight gradients per Conv2d), divided by the gradient's count
+(forward, weight gradients, input gradients above the first layer); what the code executes is counted by
+`torch.utils.flop_counter.FlopCounterMode`.
 
 Peak memory of the exact diagonal is measured in a child process (fresh allocator, glibc's mmap
 threshold fixed so freed blocks go back to the system): the growth of the peak resident set size over the
@@ -24,12 +40,15 @@ the exact `DiagonalResult`) and `setup.unit` (seconds per gradient). Benches run
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -90,13 +109,18 @@ def bench(name: str, models: tuple[str, ...] = ("mlp", "lenet")) -> Callable[[Be
     return decorate
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+"""Wall-clock by default; `--clock process` uses this process's CPU time (with --threads 1, a measure of
+the work done that other jobs on a shared machine disturb much less)."""
+
+
 def timed(fn: Callable[[], Any], repeats: int = 1) -> tuple[float, Any]:
     """(minimum seconds over `repeats` calls, the last result)."""
     best, out = float("inf"), None
     for _ in range(max(1, repeats)):
-        start = time.perf_counter()
+        start = CLOCK()
         out = fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, CLOCK() - start)
     return best, out
 
 
@@ -149,6 +173,148 @@ def bench_exact_diagonal(setup: Setup) -> list[Row]:
     target = "; target ≤ 15" if setup.key == "mlp" else ""
     return [row(setup, "exact Hessian diagonal (+ trace)", seconds,
                 f"method={result.method}, Tr H={result.trace():.6g}{target}")]
+
+
+def _flat_diag(diag: dict[str, Tensor], model: nn.Module) -> Tensor:
+    return torch.cat([diag[k].reshape(-1).double() for k, _ in model.named_parameters()])
+
+
+def _differences(ours: Tensor, ref: Tensor) -> str:
+    """Max |Δ| over max |ref|, and max per-element |Δ| / max(|ref_k|, 1e-6·max |ref|)."""
+    scale = float(ref.abs().max())
+    delta = (ours - ref).abs()
+    per_element = float((delta / ref.abs().clamp_min(1e-6 * scale)).max())
+    return f"max |Δ|/max|diag| {float(delta.max()) / scale:.1e}, per element {per_element:.1e}"
+
+
+def _load_engine(path: str) -> Any:
+    """Another copy of flatbench/curvature.py (e.g. `git show HEAD:flatbench/curvature.py > FILE`)."""
+    name = "flatbench._reference_curvature"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"--reference-engine: cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@bench("reference_engine", models=("mlp", "lenet", "mlp20"))
+def bench_reference_engine(setup: Setup) -> list[Row]:
+    """The exact diagonal of another copy of curvature.py (`--reference-engine`), in the same run."""
+    a = setup.args
+    if not a.reference_engine:
+        return []
+    engine = _load_engine(a.reference_engine)
+
+    def run() -> Any:
+        return engine.hessian_diagonal(setup.model, setup.x, setup.y, setup.loss,
+                                       max_memory_mb=a.max_memory_mb, chunk_size=a.chunk_size)
+
+    run()  # warm-up
+    seconds, result = timed(run, a.repeats)
+    ours = _flat_diag(setup.cache["diagonal"].diag, setup.model)
+    return [row(setup, f"exact diagonal, {Path(a.reference_engine).name}", seconds,
+                f"current engine {seconds / setup.cache['diagonal_seconds']:.2f}x its speed; "
+                f"{_differences(ours, _flat_diag(result.diag, setup.model))}")]
+
+
+@bench("backpack", models=("mlp", "lenet"))
+def bench_backpack(setup: Setup) -> list[Row]:
+    """BackPACK's DiagGGNExact on the same inputs and chunks, and its agreement with the exact diagonal."""
+    item = "BackPACK DiagGGNExact"
+    try:
+        from backpack import backpack, extend
+        from backpack.extensions import DiagGGNExact
+    except ImportError:
+        return [row(setup, item, None, "not installed (pip install -e .[bench])")]
+    model = extend(copy.deepcopy(setup.model))
+    lossfunc = extend(nn.CrossEntropyLoss(reduction="mean"))
+    params = list(model.named_parameters())
+    n, cs = setup.x.shape[0], setup.args.chunk_size
+
+    def run() -> dict[str, Tensor]:
+        out = {name: torch.zeros_like(p) for name, p in params}
+        for i in range(0, n, cs):
+            xb, yb = setup.x[i:i + cs], setup.y[i:i + cs]
+            model.zero_grad(set_to_none=True)
+            with backpack(DiagGGNExact()):
+                lossfunc(model(xb), yb).backward()
+            for name, p in params:
+                out[name] += p.diag_ggn_exact * (xb.shape[0] / n)  # type: ignore[attr-defined]
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Full backward hook is firing when gradients are computed ..."
+        run()  # warm-up
+        seconds, out = timed(run, setup.args.repeats)
+    ours = _flat_diag(setup.cache["diagonal"].diag, setup.model)
+    theirs = _flat_diag(out, model)
+    ours_s = setup.cache["diagonal_seconds"]
+    setup.cache["backpack_seconds"] = seconds
+    return [row(setup, item, seconds, f"flatbench's exact diagonal is {seconds / ours_s:.2f}x its speed; "
+                f"{_differences(ours, theirs)}")]
+
+
+def analytic_flops(model: nn.Module, x: Tensor, num_factors: int) -> dict[str, float]:
+    """FLOPs (2 × multiply-adds of matmuls and convolutions) over the whole set, from the layer shapes."""
+    layers: list[tuple[int, bool, bool]] = []  # (MACs per example, input requires grad, per-example product)
+
+    def hook(m: nn.Module, args: tuple, out: Tensor) -> None:
+        a = args[0]
+        if isinstance(m, nn.Linear):
+            layers.append((out[0].numel() * m.in_features, a.requires_grad, a.dim() > 2))
+        elif isinstance(m, nn.Conv2d):
+            macs = out[0].numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+            layers.append((macs, a.requires_grad, True))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Linear, nn.Conv2d))]
+    try:
+        with torch.enable_grad():
+            model(x[:1])
+    finally:
+        for h in handles:
+            h.remove()
+    n = 2 * int(x.shape[0])
+    forward = n * sum(m for m, _, _ in layers)
+    input_grads = n * sum(m for m, needed, _ in layers if needed)
+    products = n * sum(num_factors * m if per_example else m for m, _, per_example in layers)
+    return {"forward": forward, "backprops": num_factors * input_grads, "products": products,
+            "diagonal": forward + num_factors * input_grads + products,
+            "gradient": 2 * forward + input_grads}
+
+
+def executed_flops(fn: Callable[[], Any]) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+@bench("flop_floor", models=("mlp", "lenet", "mlp20"))
+def bench_flop_floor(setup: Setup) -> list[Row]:
+    a = setup.args
+    num_factors = int(setup.model(setup.x[:1]).shape[-1]) - 1
+    f = analytic_flops(setup.model, setup.x, num_factors)
+    floor = f["diagonal"] / f["gradient"]
+    ran = executed_flops(lambda: hessian_diagonal(setup.model, setup.x, setup.y, setup.loss,
+                                                  max_memory_mb=a.max_memory_mb, chunk_size=a.chunk_size))
+    grad_ran = executed_flops(lambda: full_gradient(setup))
+    g = {k: v / 1e9 for k, v in f.items()}
+    rows = [row(setup, "exact diagonal FLOP floor", floor * setup.unit,
+                f"{g['diagonal']:.2f} GFLOP = forward {g['forward']:.2f} + {num_factors} factor backprops "
+                f"{g['backprops']:.2f} + products {g['products']:.2f}, over the gradient's "
+                f"{g['gradient']:.2f}; the code executes {ran / 1e9:.2f} (gradient {grad_ran / 1e9:.2f}); seconds at the "
+                f"gradient's FLOP rate")]
+    seconds = setup.cache.get("diagonal_seconds")
+    if seconds:
+        rows.append(row(setup, "exact diagonal FLOP rate", None,
+                        f"{ran / seconds / 1e9:.0f} GFLOP/s, the gradient "
+                        f"{grad_ran / setup.unit / 1e9:.0f} GFLOP/s"))
+    return rows
 
 
 @bench("hvp")
@@ -359,10 +525,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--models", default="mlp,lenet,mlp20", help="comma-separated: mlp, lenet, mlp20")
     p.add_argument("--skip", default="", help="comma-separated bench names to skip: "
                    + ", ".join(name for name, _, _ in BENCHES))
-    p.add_argument("--root", default="/work/shared/data", help="dataset root (MNIST idx files)")
+    p.add_argument("--only", default="", help="comma-separated bench names to run (the others are skipped); "
+                   "'diagonal' stands for gradient,exact_diagonal,reference_engine,backpack,flop_floor")
+    p.add_argument("--dataset", default="mnist", choices=("mnist", "mnist_mini"),
+                   help="mnist (idx files under --root) or the packaged 6,000-example subset mnist_mini")
+    p.add_argument("--root", default=os.environ.get("FLATBENCH_DATA", "/work/shared/data"),
+                   help="dataset root (MNIST idx files); default $FLATBENCH_DATA")
+    p.add_argument("--reference-engine", default="", metavar="PATH",
+                   help="another copy of flatbench/curvature.py, its exact diagonal timed in the same run")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--repeats", type=int, default=3, help="timings are the minimum over this many runs")
+    p.add_argument("--clock", default="wall", choices=("wall", "process"),
+                   help="wall: elapsed time; process: CPU time of this process (use with --threads 1)")
     p.add_argument("--train-steps", type=int, default=200)
     p.add_argument("--chunk-size", type=int, default=2000)
     p.add_argument("--max-memory-mb", type=int, default=1024)
@@ -393,19 +568,28 @@ def main() -> None:
         return
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "process":
+        global CLOCK
+        CLOCK = time.process_time
     from flatbench.data import load_dataset
     from flatbench.models import build_model
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    data_cfg = DataConfig(dataset="mnist", root=args.root, n_train=args.n, n_test=1000, download=False)
+    data_cfg = DataConfig(dataset=args.dataset, root=args.root, n_train=args.n, n_test=1000, download=False)
     ds = load_dataset(data_cfg, seed=args.seed)
     x, y = ds.x_train, ds.y_train
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    if "diagonal" in only:
+        only |= {"gradient", "exact_diagonal", "reference_engine", "backpack", "flop_floor"}
+    if only:
+        skip |= {name for name, _, _ in BENCHES if name not in only}
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
-    print(f"# bench_curvature: MNIST, n={x.shape[0]:,}, dtype={args.dtype}, chunk={args.chunk_size}, "
+    print(f"# bench_curvature: {args.dataset}, n={x.shape[0]:,}, dtype={args.dtype}, "
+          f"chunk={args.chunk_size}, "
           f"max_memory_mb={args.max_memory_mb}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, "
-          f"cpu, load average {os.getloadavg()[0]:.1f}; times: min of {args.repeats} "
+          f"cpu, load average {os.getloadavg()[0]:.1f}; times ({args.clock} clock): min of {args.repeats} "
           f"(Hutchinson, Lanczos, naive: one run)", flush=True)
     rows: list[Row] = []
     for key in keys:
@@ -419,6 +603,7 @@ def main() -> None:
                 new = fn(setup)
                 rows.extend(new)
                 print(f"#   {LABELS[key]}: {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     print()
     print_table(rows)
 
