@@ -1,8 +1,7 @@
 """The `flatbench` command line: run | train | measure | report | audit | status | list-measures.
 
-The commands only parse options and call the stages (`flatbench.study`, `flatbench.report`,
-`flatbench.audit`, `flatbench.cluster`); they import those (and torch) only when they run, so
-`flatbench --help` is instant.
+The commands only parse options and call the stages (`flatbench.study`: train, measure, report, audit,
+status, cluster); they import those (and torch) only when they run, so `flatbench --help` is instant.
 
 Errors the user can fix (`FlatbenchError`, and file-system errors such as an unwritable `--out`) are
 printed as one line on stderr with exit code 2; nothing that already finished is touched. A preempted
@@ -89,8 +88,8 @@ def cli(ctx: click.Context) -> None:
 
 def _submit(study: Any, stage: str, kw: dict, device: str, shard: str | None = None, **extra: Any) -> None:
     """The --executor branch shared by run, train and measure."""
-    from flatbench.cluster import ClusterOptions, submit_and_report
-    from flatbench.study import parse_shard
+    from flatbench.study.cluster import ClusterOptions, submit_and_report
+    from flatbench.study.spec import parse_shard
 
     opts = ClusterOptions(**{k: kw[k] for k in CLUSTER_KEYS})
     submit_and_report(study, kw["executor"], opts, stage=stage, device=device, shard=parse_shard(shard),
@@ -108,8 +107,10 @@ def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, q
     and prints the `flatbench report` command for when `flatbench status` shows every run finished and
     measured (with --wait it waits and writes the report itself).
     """
-    from flatbench.report import report_study
-    from flatbench.study import check_study, measure_study, study_from_target, train_study
+    from flatbench.study.measure import measure_study
+    from flatbench.study.report import report_study
+    from flatbench.study.spec import check_study, study_from_target
+    from flatbench.study.train import train_study
     from flatbench.train import resolve_device
 
     study = study_from_target(config, overrides, out=out)
@@ -136,7 +137,8 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
     Runs that differ only in seed and random labels train several at once on a GPU (train.vectorize).
     With --executor the runs are submitted as a job array instead (see `flatbench status`).
     """
-    from flatbench.study import check_study, parse_shard, study_from_target, train_study
+    from flatbench.study.spec import check_study, parse_shard, study_from_target
+    from flatbench.study.train import train_study
     from flatbench.train import resolve_device
 
     study = study_from_target(config, overrides, out=out)
@@ -156,7 +158,8 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
 def measure(target: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
             shard: str | None, measures: str | None, force: bool, **kw: Any) -> None:
     """Compute measures on the trained runs of TARGET (an experiment folder or a config)."""
-    from flatbench.study import check_study, measure_study, parse_shard, study_from_target
+    from flatbench.study.measure import measure_study
+    from flatbench.study.spec import check_study, parse_shard, study_from_target
     from flatbench.train import resolve_device
 
     study = study_from_target(target, overrides, out=out)
@@ -186,7 +189,7 @@ def measure(target: str, overrides: tuple[str, ...], out: str | None, device: st
 def report(experiments: tuple[str, ...], out_dir: str | None, gap: str | None, min_train_acc: float | None,
            include_stale: bool, quiet: bool) -> None:
     """Tables, correlations, plots and report.md for one or more EXPERIMENT folders."""
-    from flatbench.report import report_study
+    from flatbench.study.report import report_study
 
     report_study([Path(e) for e in experiments], out_dir=Path(out_dir) if out_dir else None, gap=gap,
                  min_train_acc=min_train_acc, include_stale=include_stale, echo=_echo, quiet=quiet)
@@ -211,9 +214,9 @@ def audit(target: str, families: str, trials: int, measures: str | None, populat
           max_factor: float | None, out_dir: str | None, device: str) -> None:
     """Check the measures under function-preserving transformations: TARGET is a run folder, or an
     experiment folder with --population."""
-    from flatbench.audit import audit_population, audit_run
+    from flatbench.study.audit import audit_population, audit_run
     from flatbench.store import RUN_JSON
-    from flatbench.study import check_output_dir
+    from flatbench.study.spec import check_output_dir
     from flatbench.train import resolve_device
 
     path = Path(target)
@@ -239,7 +242,7 @@ def status(experiment: str, as_json: bool) -> None:
     """How many runs of EXPERIMENT are finished, running, preempted, failed or not started."""
     import json
 
-    from flatbench.cluster import format_status, study_status
+    from flatbench.study.status import format_status, study_status
 
     st = study_status(experiment)
     click.echo(json.dumps(st, indent=2) if as_json else format_status(st))

@@ -266,12 +266,12 @@ def _fmt_ratio(value: float) -> str:
 # ---------------------------------------------------------------- type checking
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if origin is tuple:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
+        return f"list of {type_name(typing.get_args(tp)[0])}"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
@@ -291,10 +291,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {type_name(tp)}, got {value!r}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{where}: expected {type_name(tp)}, got {value!r}")
         return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if tp is bool:
         if isinstance(value, bool):
@@ -326,7 +326,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported type {tp}")
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
 
@@ -553,7 +553,7 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None) 
     for section in ("data", "model", "train"):
         cls = SECTIONS[section]
         given = raw.get(section) or {}
-        types = _field_types(cls)
+        types = field_types(cls)
         for key, value in given.items():
             if section == "data" and key == "random_label_ratio":
                 values = _ratio_values(value, seeds)
@@ -586,14 +586,14 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None) 
         runs.append((rid, run))
 
     mraw = dict(raw.get("measure") or {})
-    mtypes = _field_types(MeasureConfig)
+    mtypes = field_types(MeasureConfig)
     for key in ("measures", "losses", "snapshot_measures"):
         if isinstance(mraw.get(key), str):
             mraw[key] = [mraw[key]]
     measure = MeasureConfig(**{k: _coerce(v, mtypes[k], f"measure.{k}") for k, v in mraw.items()})
     _validate_measure(measure)
     rraw = raw.get("report") or {}
-    rtypes = _field_types(ReportConfig)
+    rtypes = field_types(ReportConfig)
     report = ReportConfig(**{k: _coerce(v, rtypes[k], f"report.{k}") for k, v in rraw.items()})
     _validate_report(report)
     return Study(name=name, out=out_dir, runs=tuple(runs), measure=measure, report=report,
@@ -609,7 +609,7 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = (), ou
 def run_config_from_dict(d: dict) -> RunConfig:
     """Rebuild a RunConfig from the `config` stored in run.json."""
     def build(cls: type, values: dict) -> Any:
-        types = _field_types(cls)
+        types = field_types(cls)
         values = dict(values)
         if cls is TrainConfig and "vectorize" in values:
             values["vectorize"] = parse_vectorize(values["vectorize"])
@@ -617,32 +617,6 @@ def run_config_from_dict(d: dict) -> RunConfig:
 
     return RunConfig(seed=int(d.get("seed", 0)), data=build(DataConfig, d.get("data", {})),
                      model=build(ModelConfig, d.get("model", {})), train=build(TrainConfig, d.get("train", {})))
-
-
-def config_reference() -> str:
-    """Markdown table of every config key, its type, default and meaning (for the README)."""
-    import ast
-    import inspect
-
-    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    lines.append("| `name` | str | config file name | experiment folder name under `out` |")
-    lines.append("| `out` | str | `results` | results root (the CLI's `--out` wins) |")
-    lines.append("| `seed` | int | 0 | base seed of the run's random streams (labels, init, batches, probes) |")
-    for section, cls in SECTIONS.items():
-        tree = ast.parse(inspect.getsource(cls))
-        docs: dict[str, str] = {}
-        body = tree.body[0].body
-        for i, node in enumerate(body):
-            if isinstance(node, ast.AnnAssign) and i + 1 < len(body):
-                nxt = body[i + 1]
-                if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-                    docs[node.target.id] = " ".join(str(nxt.value.value).split())  # one table row
-        types = _field_types(cls)
-        for f in fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            lines.append(f"| `{section}.{f.name}` | {_type_name(types[f.name])} | "
-                         f"`{json.dumps(to_plain(default))}` | {docs.get(f.name, '').replace(' | ', ' / ')} |")
-    return "\n".join(lines)
 
 
 _DEFAULT_IDENTITY = _dotted(to_plain(RunConfig()))

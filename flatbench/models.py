@@ -11,13 +11,15 @@ the trainer seeds it with `torch.manual_seed(derive_seed(...))` right before bui
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from flatbench.config import ModelConfig
-from flatbench.errors import ConfigError
+from flatbench.config import ModelConfig, run_config_from_dict
+from flatbench.errors import CheckpointError, ConfigError
+from flatbench.store import MODEL_FILE, RUN_JSON, check_model_hash, read_json, torch_load
 
 ModelBuilder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 
@@ -172,3 +174,26 @@ class WideResNet(nn.Module):
 @register_model("wrn")
 def wrn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return WideResNet(input_shape[0], num_classes, depth=cfg.depth, width=cfg.width, dropout=cfg.dropout)
+
+
+# ---------------------------------------------------------------- loading a trained model
+
+
+def load_model(run_path: str | Path, device: str | torch.device = "cpu", model_file: Path | None = None,
+               sha256: str | None = None) -> nn.Module:
+    """Rebuild a finished run's model from model.pt, or from `model_file` (a snapshot's) checked against
+    `sha256`; a corrupt, replaced or edited file gives a one-line CheckpointError."""
+    path = model_file or Path(run_path) / MODEL_FILE
+    if sha256 is not None or model_file is None:
+        info = read_json(Path(run_path) / RUN_JSON) if (Path(run_path) / RUN_JSON).is_file() else {}
+        check_model_hash(Path(run_path), info, path, sha256)
+    blob = torch_load(path, map_location=device)
+    if not isinstance(blob, dict) or "state_dict" not in blob or "config" not in blob:
+        raise CheckpointError(f"{path} is not a flatbench model file; delete the run folder to retrain")
+    cfg = run_config_from_dict(blob["config"])
+    model = build_model(cfg.model, tuple(blob["input_shape"]), int(blob["num_classes"]))
+    try:
+        model.load_state_dict(blob["state_dict"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path} does not match its model config ({str(exc).splitlines()[0]})") from None
+    return model.to(device).eval()

@@ -14,6 +14,7 @@ Every write goes to a temporary file in the same folder and is then moved into p
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -160,6 +161,29 @@ def torch_load(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         raise CheckpointError(f"{path} is corrupt or not a flatbench file ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); "
                               "delete it and re-run to retrain") from None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file (stored in run.json for model.pt, so that a replaced or edited one is detected)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_model_hash(run_path: str | os.PathLike, info: dict, model_file: Path | None = None,
+                     recorded: str | None = None) -> None:
+    """Refuse a model.pt (or a snapshot's) whose sha256 differs from the one recorded when it was written."""
+    path = model_file or Path(run_path) / MODEL_FILE
+    expected = recorded if recorded is not None else info.get("model_sha256")
+    if expected is None:
+        return  # written before hashes were recorded
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; delete the run folder to retrain it")
+    if file_sha256(path) != expected:
+        raise CheckpointError(f"{path} is not the file its run wrote (sha256 differs from run.json): it was "
+                              "replaced or edited; delete the run folder to retrain it")
 
 
 def runs_dir(exp_dir: str | os.PathLike) -> Path:

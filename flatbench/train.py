@@ -14,7 +14,7 @@ reached and the model's sha256 (so a replaced or edited model.pt is refused late
 Preemption: SIGTERM / SIGUSR1 (what Slurm sends before a preemption or the time limit) or SIGUSR2
 (submitit's preemption and timeout signal) stops training at the next batch; the last epoch checkpoint
 stays on disk, the run is marked `preempted` and the process exits so that it can be requeued (the CLI
-with exit code 143; a submitit job requeues itself, see `flatbench.cluster`). Ctrl-C marks it
+with exit code 143; a submitit job requeues itself, see `flatbench.study.cluster`). Ctrl-C marks it
 `interrupted` the same way. Re-running resumes from the checkpoint.
 
 Speed (`train.precision`, `train.compile`, `train.channels_last`): the data sit on the device and batches
@@ -42,7 +42,7 @@ import flatbench
 from flatbench.config import RunConfig, identity_diff, run_config_from_dict
 from flatbench.errors import CheckpointError, FlatbenchError
 from flatbench.seeding import augment_generator, batch_generator, dropout_seed, init_seed
-from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOT_JSON, SNAPSHOTS_DIR, RunLock,
+from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOT_JSON, SNAPSHOTS_DIR, RunLock, check_model_hash, file_sha256,
                              atomic_torch_save, atomic_write_json, read_json, torch_load)
 
 
@@ -310,30 +310,6 @@ def check_identity(run_path: Path, info: dict, cfg: RunConfig) -> None:
                              f"{run_path.name}; move it away or delete it")
 
 
-def file_sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def check_model_hash(run_path: Path, info: dict, model_file: Path | None = None,
-                     recorded: str | None = None) -> None:
-    """Refuse a model.pt (or a snapshot's) whose sha256 differs from the one recorded when it was written."""
-    path = model_file or Path(run_path) / MODEL_FILE
-    expected = recorded if recorded is not None else info.get("model_sha256")
-    if expected is None:
-        return  # written before hashes were recorded
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing; delete the run folder to retrain it")
-    if file_sha256(path) != expected:
-        raise CheckpointError(f"{path} is not the file its run wrote (sha256 differs from run.json): it was "
-                              "replaced or edited; delete the run folder to retrain it")
-
-
 def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device, *, sweep_axes: tuple = (),
               progress: bool = True, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Train one run to its endpoint (or resume it); returns its run.json content.
@@ -538,25 +514,3 @@ def finish_run(run_id: str, cfg: RunConfig, run_path: Path, model: nn.Module, ds
     echo(f"{run_id}: train acc {train_acc:.4g}, test acc {test_acc:.4g}, gap {train_acc - test_acc:.4g}, "
          f"train loss {train_loss:.4g} ({epoch} epochs{ended}, {info['seconds']:.1f}s)")
     return info
-
-
-def load_model(run_path: str | Path, device: str | torch.device = "cpu", model_file: Path | None = None,
-               sha256: str | None = None) -> nn.Module:
-    """Rebuild a finished run's model from model.pt, or from `model_file` (a snapshot's) checked against
-    `sha256`; a corrupt, replaced or edited file gives a one-line CheckpointError."""
-    from flatbench.models import build_model
-
-    path = model_file or Path(run_path) / MODEL_FILE
-    if sha256 is not None or model_file is None:
-        info = read_json(Path(run_path) / RUN_JSON) if (Path(run_path) / RUN_JSON).is_file() else {}
-        check_model_hash(Path(run_path), info, path, sha256)
-    blob = torch_load(path, map_location=device)
-    if not isinstance(blob, dict) or "state_dict" not in blob or "config" not in blob:
-        raise CheckpointError(f"{path} is not a flatbench model file; delete the run folder to retrain")
-    cfg = run_config_from_dict(blob["config"])
-    model = build_model(cfg.model, tuple(blob["input_shape"]), int(blob["num_classes"]))
-    try:
-        model.load_state_dict(blob["state_dict"])
-    except RuntimeError as exc:
-        raise CheckpointError(f"{path} does not match its model config ({str(exc).splitlines()[0]})") from None
-    return model.to(device).eval()

@@ -20,7 +20,7 @@ from flatbench.config import DataConfig
 from flatbench.curvature import hessian_diagonal
 from flatbench.data import load_dataset
 from flatbench.losses import get_loss
-from flatbench.measures.group import group_hessian_diagonals
+from flatbench.curvature.group import group_hessian_diagonals
 from flatbench.models import MLP
 
 

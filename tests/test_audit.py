@@ -20,7 +20,7 @@ MEASURES = "normalized_sharpness,matrix_normalized_sharpness,hessian_trace,frobe
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three tiny MLPs (label noise 0, 0.5, 1) trained for 2 epochs on mnist_mini."""
-    from flatbench.study import save_study
+    from flatbench.study.spec import save_study
 
     out = tmp_path_factory.mktemp("audit")
     study = parse_study({"name": "tiny_audit",

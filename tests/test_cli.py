@@ -256,7 +256,7 @@ def test_loss_target_snapshots_and_the_verdict_by_level(write_config, tmp_path):
     assert "## Verdict by training-loss level" in report and "## Training endpoint" in report
     assert "WARNING" not in result.stdout  # every run ended at loss <= 0.2, within 10x of each other
     # the same runs judged against a lower loss bar: warned, not hidden
-    from flatbench.report import write_report
+    from flatbench.analysis.report import write_report
 
     summary = write_report([exp], tmp_path / "r", max_train_loss=1e-3, n_boot=10, echo=lambda _m: None)
     assert any("ended above train loss 0.001" in w for w in summary.warnings)

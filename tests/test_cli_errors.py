@@ -92,7 +92,6 @@ def test_report_out_unwritable(copy):
 def test_audit_checks_its_out_before_computing(copy, tmp_path):
     _cfg, exp = copy
     (tmp_path / "afile").write_text("x")
-    t0 = time.perf_counter()
     one_line_error(run_cli("audit", str(exp), "--population", "--out", str(tmp_path / "afile")), "is a file")
     assert not (exp / "audit_correlations.csv").exists()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flatbench.config import apply_overrides, config_reference, load_study, parse_study, run_id_for
+from flatbench.config import apply_overrides, load_study, parse_study, run_id_for
 from flatbench.errors import ConfigError
 
 
@@ -154,7 +154,21 @@ def test_empty_config_file_is_refused(tmp_path):
 
 
 def test_config_reference_lists_every_key():
-    table = config_reference()
+    import dataclasses
+    import importlib.util
+    from pathlib import Path
+
+    from flatbench.config import SECTIONS
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "readme_tables.py"
+    spec = importlib.util.spec_from_file_location("readme_tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.config_reference()
+    readme = (path.parents[1] / "README.md").read_text()
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert f"`{section}.{f.name}`" in table and f"`{section}.{f.name}`" in readme, f"{section}.{f.name}"
     for key in ("data.random_label_ratio", "train.target_train_acc", "measure.settings", "report.gap"):
         assert f"`{key}`" in table
 

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from flatbench.curvature import (DiagonalResult, diagonal_for, exact_applicable, hessian_diagonal,
-                                 hutchinson_trace, hvp, lanczos, per_layer_traces,
-                                 register_piecewise_linear_container)
+from flatbench.curvature import (DiagonalResult, exact_applicable, hessian_diagonal, hutchinson_trace, hvp,
+                                 lanczos, per_layer_traces, register_piecewise_linear_container)
+from flatbench.measures.shared import hessian_diagonal as diagonal_for
 from flatbench.losses import get_loss
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import get_measure
@@ -152,7 +152,7 @@ def backward_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     """Every strategy of the exact diagonal on every net: one backward pass per factor (the default) or
     one vmapped pass over all factors, and for Conv2d either choice of `_conv_streams` for every layer
     (the default picks per layer)."""
-    import flatbench.curvature as curvature
+    import flatbench.curvature.diagonal as curvature
 
     monkeypatch.setattr(curvature, "_BATCHED_BACKWARD", request.param == "batched")
     if request.param in ("conv_stream", "conv_stacked"):
@@ -201,7 +201,8 @@ def test_logit_hessian_factors_are_exact() -> None:
     """Σ_k s_k v_k v_kᵀ rebuilds every logit Hessian: Cholesky rows (ce), rows where Cholesky fails
     (saturated softmax: numerically singular) and indefinite rows (normalized_ce) alike, also when the
     rows' scales differ by many orders of magnitude."""
-    from flatbench.curvature import _logit_factors, _scaled_factors
+    from flatbench.curvature.diagonal import _scaled_factors
+    from flatbench.curvature.diagonal import logit_factors as _logit_factors
 
     gen = torch.Generator().manual_seed(8)
     logits = torch.randn(30, C, generator=gen, dtype=torch.float64)

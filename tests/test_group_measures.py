@@ -8,7 +8,7 @@ from torch import nn
 
 from flatbench.curvature import hessian_diagonal
 from flatbench.losses import get_loss
-from flatbench.measures.group import group_hessian_diagonals
+from flatbench.curvature.group import group_hessian_diagonals
 from flatbench.models import MLP
 
 
@@ -65,9 +65,10 @@ def test_grouped_measure_stage_gives_the_same_results_as_run_by_run(tmp_path, mo
     """`measure.group_runs: on` (what `auto` does on CUDA) must not change a single measure value."""
     import json
 
-    import flatbench.measures.group as group
+    import flatbench.measures.shared as group
     from flatbench.config import parse_study
-    from flatbench.study import measure_study, train_study
+    from flatbench.study.measure import measure_study
+    from flatbench.study.train import train_study
 
     raw = {"name": "g", "seed": 0,
            "data": {"dataset": "mnist_mini", "n_train": 200, "n_test": 100, "random_label_ratio": [0.0, 0.5, 1.0]},

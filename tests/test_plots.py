@@ -114,8 +114,7 @@ def test_tau_by_level_figure_empty():
     assert plots.tau_by_level_figure(empty).startswith(PNG)
 
 
-def test_comparison_and_ranking_figures_from_an_analysis(monkeypatch):
-    monkeypatch.setattr(stats, "measure_specs", dict)
+def test_comparison_and_ranking_figures_from_an_analysis():
     rng = np.random.default_rng(2)
     n = 15
     gap = rng.uniform(0, 1, n)

@@ -10,10 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flatbench.analysis import stats
 from flatbench.analysis.table import build_table
 from flatbench.errors import FlatbenchError
-from flatbench.report import plot_filename, write_report
+from flatbench.analysis.report import plot_filename, write_report
 
 RATIOS = (0.0, 0.25, 0.5, 0.75)
 SEEDS = (0, 1)
@@ -55,7 +54,8 @@ def write_experiment(root: Path, name: str, *, dataset: str = "mnist_mini", mode
                 "tracks@normalized_ce": {"status": "ok", "values": {"tracks@normalized_ce": 2.0 + gap},
                                          "seconds": 0.5},
                 "noise": {"status": "ok", "values": {"noise": float(rng.normal())}, "seconds": 0.1},
-                "flat": {"status": "ok", "values": {"flat": 5.0 - gap}, "seconds": 0.1},
+                "flat": {"status": "ok", "values": {"flat": 5.0 - gap}, "seconds": 0.1,
+                         "larger_is_sharper": False},
                 "psi_flatness": {"status": "not_applicable", "reason": "needs a bias-free ReLU net",
                                  "seconds": 0.0},
                 "eps_sharpness": {"status": "error", "error": "optimizer diverged", "seconds": 0.5},
@@ -68,29 +68,12 @@ def write_experiment(root: Path, name: str, *, dataset: str = "mnist_mini", mode
     return exp
 
 
-class _Spec:
-    def __init__(self, larger_is_sharper: bool, description: str):
-        self.larger_is_sharper, self.description, self.cost = larger_is_sharper, description, "cheap"
-
-
-def _fake_specs() -> dict[str, _Spec]:
-    """`flat` is smaller-is-sharper; the other names are unregistered and default to larger-is-sharper."""
-    return {"flat": _Spec(False, "a smaller-is-sharper test measure"), "tracks": _Spec(True, "tracks the gap")}
-
-
-@pytest.fixture(autouse=True)
-def fake_registry(monkeypatch):
-    monkeypatch.setattr(stats, "measure_specs", _fake_specs)
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """One report over the synthetic study, shared by the tests that only read its outputs."""
     exp = write_experiment(tmp_path_factory.mktemp("exp"), "synth")
     lines: list[str] = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stats, "measure_specs", _fake_specs)
-        summary = write_report([exp], exp, n_boot=200, echo=lines.append)
+    summary = write_report([exp], exp, n_boot=200, echo=lines.append)
     return exp, summary, "\n".join(lines)
 
 

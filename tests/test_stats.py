@@ -9,14 +9,12 @@ import json
 import math
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from flatbench.analysis import stats
 from flatbench.analysis.stats import (
     MIN_CI_RUNS,
     SE_NOTE_RATIO,
@@ -57,9 +55,9 @@ def make_table(gap, measures: dict, ratios=None, seeds=None, **overrides) -> pd.
 
 
 @pytest.fixture
-def no_registry(monkeypatch):
-    """Every measure reads as larger = sharper unless a test says otherwise (no real registry needed)."""
-    monkeypatch.setattr(stats, "measure_specs", dict)
+def no_registry():
+    """Every measure reads as larger = sharper unless the table records otherwise (analysis never reads the
+    registry: a measure's direction comes from its measures.json entries, via the table's attrs)."""
 
 
 # Fixed data with ties in both variables (ties are where τ-a, τ-b and rank averaging differ).
@@ -150,13 +148,11 @@ def test_correlations_ci_reproducible(no_registry):
             assert row[f"{stat}_lo"] <= row[stat] <= row[f"{stat}_hi"]
 
 
-def test_direction_flip(monkeypatch):
-    registry = {"flat": SimpleNamespace(larger_is_sharper=False),
-                "sharp": SimpleNamespace(larger_is_sharper=True)}
-    monkeypatch.setattr(stats, "measure_specs", lambda: registry)
+def test_direction_flip():
     gap = np.linspace(0.0, 0.8, 6)
     table = make_table(gap, {"flat": -gap + 3, "flat@normalized_ce": 1 / (1 + gap), "sharp": gap * 2,
                              "unregistered": gap ** 2})
+    table.attrs["directions"] = {"flat": False, "flat@normalized_ce": False, "sharp": True}
     corr = correlations(table, n_boot=0).set_index("measure")
     assert not corr.loc["flat", "larger_is_sharper"]
     assert not corr.loc["flat@normalized_ce", "larger_is_sharper"]

@@ -15,7 +15,8 @@ import torch
 
 from flatbench.config import parse_study
 from flatbench.store import RunLock, atomic_write_json, read_json
-from flatbench.train import load_model, train_run
+from flatbench.models import load_model
+from flatbench.train import train_run
 
 from conftest import run_cli
 

@@ -12,8 +12,9 @@ import torch
 from flatbench.config import apply_overrides, parse_study
 from flatbench.errors import ConfigError
 from flatbench.store import read_json
-from flatbench.study import train_study
-from flatbench.train import Preempted, load_model
+from flatbench.models import load_model
+from flatbench.study.train import train_study
+from flatbench.train import Preempted
 from flatbench.vectorized import AUTO_GROUP_SIZE, group_size, plan_groups
 
 CPU = torch.device("cpu")

@@ -664,3 +664,71 @@ def tau_by_level_figure(frame: pd.DataFrame) -> bytes:
         if handles:
             fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 2), fontsize=7)
     return png_bytes(fig)
+
+
+# ----------------------------------------------------------------------------------------- audit figures
+
+HEATMAP_FLOOR = 1e-16
+"""Relative changes below this (including exact zeros) are drawn at this value on the log scale."""
+
+
+def audit_heatmap_figure(summary: Any, title: str = "") -> bytes:
+    """Measure × family heatmap of the median relative change under function-preserving transformations
+    (log colour scale; red frame: declared invariant); `summary` is an `analysis.audit_tables.Summary`."""
+    import matplotlib
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+
+    med = summary.median
+    n_rows, n_cols = med.shape
+    data = med.to_numpy(dtype=float)
+    shown = np.where(np.isnan(data), np.nan, np.clip(data, HEATMAP_FLOOR, None))
+    finite = shown[np.isfinite(shown)]
+    vmax = max(1.0, float(finite.max())) if finite.size else 1.0
+    fig = Figure(figsize=(2.0 + 1.25 * max(n_cols, 1), 1.2 + 0.38 * max(n_rows, 1)), layout="constrained")
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["viridis"].copy()
+    cmap.set_bad("#d9d9d9")
+    image = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=LogNorm(vmin=HEATMAP_FLOOR, vmax=vmax),
+                      aspect="auto")
+    for i in range(n_rows):
+        for j in range(n_cols):
+            v = data[i, j]
+            text = "n/a" if math.isnan(v) else ("0" if v == 0 else f"{v:.0e}")
+            # viridis is dark at the low end: white text there, black on the bright end and on grey n/a
+            position = 0.0 if math.isnan(v) else (math.log10(shown[i, j] / HEATMAP_FLOOR)
+                                                   / math.log10(vmax / HEATMAP_FLOOR))
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="white" if not math.isnan(v) and position < 0.6 else "black")
+            if summary.declared.iloc[i, j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#e41a1c",
+                                       linewidth=2))
+    ax.set_xticks(range(n_cols), list(med.columns), fontsize=8)
+    ax.set_yticks(range(n_rows), list(med.index), fontsize=8)
+    ax.set_xlabel("transformation family (red frame: declared invariant)", fontsize=8)
+    fig.colorbar(image, ax=ax, label="median |Δ| / |baseline|")
+    if title:
+        ax.set_title(title, fontsize=9)
+    return png_bytes(fig)
+
+
+def audit_correlations_figure(corr: pd.DataFrame, gap: str, family: str) -> bytes:
+    """Paired bars: each measure's Kendall τ with the gap before and after one transformation per run."""
+
+    n = len(corr)
+    fig = Figure(figsize=(6.4, 1.0 + 0.42 * max(n, 1)), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(n)
+    before = corr["tau_original"].to_numpy(dtype=float)
+    after = corr["tau_transformed"].to_numpy(dtype=float)
+    ax.barh(y - 0.2, np.nan_to_num(before), height=0.38, color="#4d4d4d", label="original")
+    ax.barh(y + 0.2, np.nan_to_num(after), height=0.38, color="#bdbdbd", edgecolor="black", hatch="//",
+            label=f"after {family} transformation")
+    labels = [f"{m}{' *' if d else ''}" for m, d in zip(corr["measure"], corr["declared_invariant"])]
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlim(-1, 1)
+    ax.set_xlabel(f"Kendall τ with the {gap} gap (* declared invariant to {family})", fontsize=8)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="outside upper center", ncols=2)
+    return png_bytes(fig)

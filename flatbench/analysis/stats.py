@@ -88,27 +88,16 @@ _CHUNK_ELEMENTS = 4_000_000
 
 # --------------------------------------------------------------------------------------------- direction
 
-def measure_specs() -> dict[str, Any]:
-    """The measure registry (name → MeasureSpec); a separate function so tests can substitute it."""
-    from flatbench.measures import all_measures
-
-    return all_measures()
-
-
-def directions(keys: list[str], notes: list[str] | None = None) -> dict[str, bool]:
-    """`larger_is_sharper` for every result key, looked up by the part before "@" (default True)."""
-    try:
-        specs = measure_specs()
-    except Exception as exc:  # noqa: BLE001 - a broken measure module must not take the report down
-        specs = {}
-        if notes is not None:
-            notes.append(f"the measure registry could not be loaded ({type(exc).__name__}: {exc}); every "
-                         "measure is read as larger = sharper")
-    out = {}
-    for key in keys:
-        base = key.split("/", 1)[0].split("@", 1)[0]
-        spec = specs.get(base)
-        out[key] = bool(getattr(spec, "larger_is_sharper", True)) if spec is not None else True
+def directions(keys: list[str], notes: list[str] | None = None,
+               known: Mapping[str, bool] | None = None) -> dict[str, bool]:
+    """`larger_is_sharper` for every result key, as its measures.json entry records it (`known`, from the
+    table's attrs); a key without a recorded direction reads as larger = sharper, with a note."""
+    known = known or {}
+    out = {key: bool(known.get(key, True)) for key in keys}
+    unknown = [key for key in keys if key not in known]
+    if unknown and notes is not None and known:
+        notes.append(f"no recorded direction for {', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}: "
+                     "read as larger = sharper")
     return out
 
 
@@ -591,7 +580,7 @@ def analyze(table: pd.DataFrame, gap: str = "acc", min_train_acc: float = 0.0, n
     })
     used_axes = [a for a in all_axes if a in included.columns
                  and included[a].map(_axis_text).nunique() > 1]
-    flip = directions(measures, notes)
+    flip = directions(measures, notes, table.attrs.get("directions"))
 
     if len(included) < MIN_RUNS:
         notes.append(f"correlations need at least {MIN_RUNS} trained runs; {len(included)} "

@@ -198,6 +198,8 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
     rows: list[dict[str, Any]] = []
     config_cols: set[str] = set()
     measure_keys: set[str] = set()
+    directions: dict[str, bool] = {}
+    """Each headline key's direction, as its measures.json entry records it (larger = sharper?)."""
     se_keys: set[str] = set()
     for rec in records:
         info = rec.info
@@ -237,6 +239,10 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
                 # A measure that failed or does not apply still gets its (empty) column, so the ranking
                 # shows it with n = 0 instead of leaving it out.
                 measure_keys.add(name)
+            if isinstance(entry.get("larger_is_sharper"), bool):
+                for key in [*values, name]:
+                    if "/" not in key:
+                        directions[key] = entry["larger_is_sharper"]
             sec = to_float(entry.get("seconds"))
             if math.isfinite(sec):
                 seconds += sec
@@ -259,6 +265,7 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
     for col in value_columns:
         table[col] = pd.to_numeric(table[col], errors="coerce").astype(float)
     table.attrs["measure_columns"] = list(measure_list)
+    table.attrs["directions"] = {k: v for k, v in directions.items() if k in measure_list}
     table.attrs["stderr_columns"] = dict(se_map)
     table.attrs["sweep_axes"] = _sweep_axes(records, table, config_list)
     return table

@@ -1,7 +1,26 @@
-"""Flatness measures. Each module registers its measures with `register_measure`; see registry.py."""
+"""Flatness measures. Each plugin module registers its measures with `register_measure` (registry.py).
 
-from flatbench.measures.registry import (MeasureOutput, MeasureSpec, NotApplicable, all_measures,
-                                         get_measure, register_measure, resolve_names)
+    registry.py   the registry: `register_measure`, `get_measure`, `resolve_names`, variants
+    keys.py       result keys `name[:variant][@loss][/detail]`: built and split in one place (no torch)
+    runner.py     computing measures on a trained model, cached entry by entry in measures.json
+    context.py    what a measure function sees (model, measurement set, loss, seeded generators, cache)
+    shared.py     quantities several measures share (Hessian diagonal, weight layers), cached once
+    layers.py     the weight layers of a model in forward order
+    the others    the measures, one module per family
+
+The registry API is re-exported here lazily, so `flatbench.measures.keys` can be used without loading
+torch or any measure.
+"""
+
+from typing import Any
 
 __all__ = ["MeasureOutput", "MeasureSpec", "NotApplicable", "all_measures", "get_measure",
            "register_measure", "resolve_names"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from flatbench.measures import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module 'flatbench.measures' has no attribute {name!r}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DiagonalResult, diagonal_for, hessian_diagonal,
-                                 lanczos, per_layer_traces)
+from flatbench.curvature import DEFAULT_HUTCHINSON_PROBES, DiagonalResult, lanczos, per_layer_traces
+from flatbench.measures import shared
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import MeasureOutput, NotApplicable, register_measure
 
@@ -43,13 +43,9 @@ def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
         raise ValueError(f"hessian_trace: method must be auto, exact or hutchinson, got {method!r}")
     probes = int(_setting(ctx, TRACE_DEFAULTS, "probes"))
     if method == "hutchinson":
-        key = ("hessian_diagonal_hutchinson", ctx.loss_name, ctx.normalized_ce_tau, probes)
-        result: DiagonalResult = ctx.cached(key, lambda: hessian_diagonal(
-            ctx.model, ctx.inputs, ctx.targets, ctx.loss, max_memory_mb=ctx.max_memory_mb,
-            chunk_size=ctx.chunk_size, generator=ctx.generator("hutchinson"), hutchinson_probes=probes,
-            method="hutchinson"))
+        result: DiagonalResult = shared.hutchinson_diagonal(ctx, probes)
     else:
-        result = diagonal_for(ctx)
+        result = shared.hessian_diagonal(ctx)
         if method == "exact" and result.method != "exact":
             raise NotApplicable(f"exact Hessian diagonal not applicable: {result.reason}")
     per_param = per_layer_traces(result)

@@ -66,7 +66,7 @@ from torch import Tensor
 
 from flatbench.errors import FlatbenchError
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.layers import weight_layers
+from flatbench.measures import shared
 from flatbench.measures.registry import MeasureOutput, NotApplicable, register_measure
 
 SOLVERS = ("exact", "published")
@@ -217,7 +217,6 @@ def layer_traces(ctx: MeasureContext) -> tuple[list[str], list[float], list[floa
 
     Raises NotApplicable when the layer-wise rescaling is not function-preserving for this model.
     """
-    from flatbench.curvature import diagonal_for
     from flatbench.rescale import structure
 
     s = structure(ctx.model)
@@ -229,13 +228,13 @@ def layer_traces(ctx: MeasureContext) -> tuple[list[str], list[float], list[floa
                             "trace to 0, so the minimum over rescalings is 0")
     if any(not isinstance(j.producer, (torch.nn.Linear, torch.nn.Conv2d)) for j in s.junctions):
         raise NotApplicable("a hidden layer's output is not a weight layer's output")
-    layers = ctx.cached("weight_layers", lambda: weight_layers(ctx.model, ctx.inputs[:1]))
+    layers = shared.layers(ctx)
     covered = {f"{l.name}.weight" for l in layers} | {f"{l.name}.bias" for l in layers}
     others = [n for n, _ in ctx.model.named_parameters() if n not in covered]
     if others:
         raise NotApplicable(f"parameters outside the weight layers ({', '.join(others[:3])}) are not "
                             "covered by the layer-wise rescaling")
-    result = diagonal_for(ctx)
+    result = shared.hessian_diagonal(ctx)
     names = [l.name for l in layers]
     negative = sum(int((d < 0).sum()) for d in result.diag.values())
 

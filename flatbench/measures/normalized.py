@@ -100,7 +100,7 @@ from torch import Tensor
 
 from flatbench.errors import FlatbenchError
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.layers import weight_layers
+from flatbench.measures import shared
 from flatbench.measures.registry import MeasureOutput, register_measure
 
 DEAD_EPS = 1e-30
@@ -380,11 +380,9 @@ def layer_problems(ctx: MeasureContext, loss_name: str | None = None
     Returns the problems and diagnostics: the diagonal's method and the number of negative diagonal
     entries clamped to 0.
     """
-    from flatbench.curvature import diagonal_for
-
     sub = _context_for_loss(ctx, loss_name or ctx.loss_name)
-    result = diagonal_for(sub)
-    layers = ctx.cached("weight_layers", lambda: weight_layers(ctx.model, ctx.inputs[:1]))
+    result = shared.hessian_diagonal(sub)
+    layers = shared.layers(ctx)
     problems, negative = [], 0
     for layer in layers:
         diag = result.diag[f"{layer.name}.weight" if layer.name else "weight"]

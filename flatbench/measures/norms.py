@@ -15,12 +15,12 @@ from torch import nn
 from torch.func import functional_call
 
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.layers import weight_layers
+from flatbench.measures import shared
 from flatbench.measures.registry import MeasureOutput, register_measure
 
 
 def _layers(ctx: MeasureContext):
-    return ctx.cached("weight_layers", lambda: weight_layers(ctx.model, ctx.inputs[:1]))
+    return shared.layers(ctx)
 
 
 @register_measure("frobenius_norm", description="Σ_l ‖W_l‖_F² over Linear/Conv weights", cost="cheap")

@@ -281,10 +281,10 @@ def _chain_curvature(ctx: MeasureContext, names: list[str], paths: BasisPaths, b
                 "(bias-free ReLU MLPs)",
     invariant_to=("layer", "node"), cost="hessian", uses_loss=True, defaults={"chain_batch": 16})
 def psi_flatness(ctx: MeasureContext) -> MeasureOutput:
-    from flatbench.curvature import diagonal_for
+    from flatbench.measures import shared
 
     paths = basis_paths(ctx.model)
-    result = diagonal_for(ctx)
+    result = shared.hessian_diagonal(ctx)
     nonskel = 0.0
     per_layer: dict[str, float] = {}
     for l, name in enumerate(paths.names):

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from flatbench.curvature import hvp
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.layers import weight_layers
+from flatbench.measures import shared
 from flatbench.measures.registry import MeasureOutput, register_measure
 from flatbench.measures.sharpness import mean_loss
 
@@ -74,7 +74,7 @@ def power_iteration(matvec: Callable[[Tensor], Tensor], start: Tensor, *, tol: f
 
 def scaled_operator(ctx: MeasureContext) -> tuple[Callable[[Tensor], Tensor], list[str], Tensor]:
     """v ↦ D^{1/2} H D^{1/2} v on the flat vector of weights, the weight names, and D^{1/2} (flat)."""
-    layers = ctx.cached("weight_layers", lambda: weight_layers(ctx.model, ctx.inputs[:1]))
+    layers = shared.layers(ctx)
     params = {name: p.detach() for name, p in ctx.model.named_parameters()}
     names = [f"{layer.name}.weight" for layer in layers]
     names = [n for i, n in enumerate(names) if n in params and n not in names[:i]]

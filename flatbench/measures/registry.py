@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from flatbench.errors import FlatbenchError
 
-FAMILIES = ("layer", "node", "bn", "logit_scale")
+from flatbench.rescale import FAMILIES  # noqa: E402 - the families are defined with their transformations
 COST_CLASSES = ("cheap", "gradient", "hessian", "search")
 
 
@@ -144,12 +144,15 @@ def resolve_names(names: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
+NOT_MEASURE_MODULES = ("registry", "context", "runner", "shared", "layers", "keys")
+"""Modules of this package that register no measure (the plugin modules are all the others)."""
+
+
 def _load_builtin_measures() -> None:
     import importlib
     import pkgutil
+    from pathlib import Path
 
-    import flatbench.measures as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name not in ("registry", "context", "runner"):
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if mod.name not in NOT_MEASURE_MODULES:
             importlib.import_module(f"flatbench.measures.{mod.name}")

@@ -8,6 +8,9 @@ another measurement set (`context`), which would mix two definitions in one repo
 `force` recomputes everything. Failed entries are retried. A failing measure is recorded with its error
 and the others go on; a model that cannot be loaded at all gets its error in every pending entry.
 
+Each entry also records the measure's direction (`larger_is_sharper`), so that the analysis reads it from
+the files instead of the registry.
+
 A damaged measures.json (cut off by a full disk or a killed copy) is not thrown away: its readable entries
 are kept, the rest recomputed, and the damaged file is kept beside it as `measures.json.damaged`.
 """
@@ -27,17 +30,13 @@ import torch
 from flatbench.config import MeasureConfig, RunConfig, run_config_from_dict
 from flatbench.errors import FlatbenchError
 from flatbench.measures.context import MeasureContext
+from flatbench.measures.keys import entry_keys, value_key
 from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, get_measure, resolve_names
 from flatbench.store import (MEASURES_JSON, MODEL_FILE, atomic_write_json, is_finished, load_run_info,
                              read_json_salvaged)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DONE = ("ok", "not_applicable")
-
-
-def entry_key(name: str, loss: str | None) -> str:
-    """measures.json key: the measure's name, with `@loss` for a loss other than `ce`."""
-    return name if loss in (None, "ce") else f"{name}@{loss}"
 
 
 def check_settings(names: list[str], cfg: MeasureConfig) -> None:
@@ -111,7 +110,7 @@ def measurement_context(cfg: MeasureConfig) -> dict[str, Any]:
 def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
     """Load a finished run's model (final or snapshot, its hash checked) and its measurement set."""
     from flatbench.data import load_dataset, measurement_subset
-    from flatbench.train import load_model
+    from flatbench.models import load_model
 
     target = _as_target(target)
     info = load_run_info(target.run_path)
@@ -137,19 +136,14 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
                   loss: str | None) -> dict[str, Any]:
     """Run one measure for one loss and turn its outcome (value, not applicable, error) into an entry."""
     sub = ctx.for_measure(spec.name, settings, loss_name=loss or "ce")
-    record: dict[str, Any] = {"settings": {**settings, **({"loss": loss} if loss else {})}}
+    record: dict[str, Any] = {"settings": {**settings, **({"loss": loss} if loss else {})},
+                              "larger_is_sharper": spec.larger_is_sharper}
     start = time.perf_counter()
     try:
         out = spec.fn(sub)
         if not isinstance(out, MeasureOutput):
             out = MeasureOutput(dict(out))
-        suffix = "" if loss in (None, "ce") else f"@{loss}"
-        values = {}
-        for key, value in out.values.items():
-            base, _, detail = key.partition("/")
-            if spec.base and base == spec.base:  # a variant's results carry the variant's name
-                base = spec.name
-            values[f"{base}{suffix}" + (f"/{detail}" if detail else "")] = float(value)
+        values = {value_key(spec.name, spec.base_name, loss, key): float(value) for key, value in out.values.items()}
         record.update(status="ok", values=values, info=out.info)
     except NotApplicable as exc:
         record.update(status="not_applicable", reason=str(exc))
@@ -188,8 +182,7 @@ def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig,
     for name in resolve_names(names):
         spec = get_measure(name)
         settings = spec.settings(cfg.settings)
-        for loss in (cfg.losses if spec.uses_loss else (None,)):
-            key = entry_key(name, loss)
+        for loss, key in entry_keys(name, spec, cfg.losses):
             if force or not _up_to_date(results.get(key, {}), settings, context):
                 todo.append((spec, loss, key))
     return results, todo
@@ -252,7 +245,8 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
                 if results.get(key, {}).get("status") in DONE:
                     continue  # a value computed before the model was damaged is kept, not replaced by an error
                 results[key] = {"status": "error", "error": f"the model could not be loaded: {exc}",
-                                "settings": spec.settings(cfg.settings), "context": context, "seconds": 0.0}
+                                "settings": spec.settings(cfg.settings), "larger_is_sharper": spec.larger_is_sharper,
+                                "context": context, "seconds": 0.0}
             atomic_write_json(path, results)
             if echo:
                 echo(f"  {target.label}: cannot be measured: {exc}")

@@ -34,13 +34,13 @@ from flatbench.analysis.stats import (
     agreement_matrix,
     analyze,
     correlations,
-    measure_specs,
     oriented,
 )
 from flatbench.analysis.table import RunRecord, build_table, load_records, stderr_columns, to_float
 from flatbench.errors import FlatbenchError
+from flatbench.measures.keys import parse_key
 
-__all__ = ["ReportSummary", "build_table", "correlations", "format_summary", "report_study", "write_report"]
+__all__ = ["ReportSummary", "build_table", "correlations", "format_summary", "write_report"]
 
 MAX_RUN_ROWS = 300
 """The report lists at most this many runs; table.csv always has all of them."""
@@ -71,75 +71,16 @@ class ReportSummary:
     """Why the verdict may not hold (e.g. runs that stopped at very different train losses)."""
 
 
-def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | None = None,
-                 min_train_acc: float | None = None, include_stale: bool | None = None,
-                 echo: Callable[[str], Any] = print, quiet: bool = False) -> ReportSummary:
-    """The report stage over experiment folders, as `flatbench report` runs it.
-
-    Each folder's saved study (study.yaml) says which runs are the study's now: run folders left by an
-    earlier version of its config are listed as not in this study and left out (`include_stale` counts
-    them). Settings default to the first folder's `report` section. Everything is checked before anything
-    is written: the folders, the settings, the output folder, damaged files (refused, so that a report is
-    never silently built from half a study) and that some run can be used (a good report is never
-    replaced by an empty one).
-    """
-    from dataclasses import replace
-
-    from flatbench.config import ReportConfig
-    from flatbench.errors import ConfigError
-    from flatbench.study import check_output_dir, read_saved_study
-
-    exp_dirs = [Path(p) for p in exp_dirs]
-    cfg: ReportConfig | None = None
-    current: dict[Path, set[str] | None] = {}
-    for path in exp_dirs:
-        if not path.exists():
-            raise FlatbenchError(f"experiment folder {path} does not exist")
-        if not path.is_dir():
-            raise FlatbenchError(f"{path} is a file, not an experiment folder")
-        if (path / store.STUDY_FILE).is_file():
-            study = read_saved_study(path)
-            current[path] = set(study.run_ids())
-            cfg = cfg or study.report
-        elif (path / store.RUNS_DIR).is_dir():
-            current[path] = None  # no saved study: every run folder counts
-        else:
-            raise FlatbenchError(f"{path} is not a flatbench experiment folder (no {store.STUDY_FILE} and no "
-                                 f"{store.RUNS_DIR}/ inside)")
-    cfg = cfg or ReportConfig()
-    if gap is not None:
-        cfg = replace(cfg, gap=gap)
-    if min_train_acc is not None:
-        if not 0.0 <= min_train_acc <= 1.0:
-            raise ConfigError(f"--min-train-acc must be a train accuracy in [0, 1], got {min_train_acc:g}")
-        cfg = replace(cfg, min_train_acc=min_train_acc)
-    if include_stale is not None:
-        cfg = replace(cfg, include_stale=include_stale or cfg.include_stale)
-    out = check_output_dir(out_dir or exp_dirs[0], "report folder")
-    records = load_records(exp_dirs)
-    damaged = [problem for rec in records for problem in rec.problems]
-    if damaged:
-        raise FlatbenchError(f"{len(damaged)} damaged file(s), e.g. {damaged[0]}: run `flatbench measure` on the "
-                             "experiment to repair measures.json files (their readable entries are kept), or "
-                             "move the damaged run away; the report was not written")
-    stale = []
-    if not cfg.include_stale:
-        stale = [rec for rec in records if current.get(rec.path.parent.parent) is not None
-                 and rec.run_id not in current[rec.path.parent.parent]]
-        records = [rec for rec in records if rec not in stale]
-    echo(f"building the report from {len(records)} runs"
-         + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
-    return write_report(exp_dirs, out, gap=cfg.gap, min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo,
-                        records=records, stale=stale, report_cfg=cfg)
-
-
 def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str = "acc",
                  min_train_acc: float = 0.0, quiet: bool = False, echo: Callable[[str], Any] = print,
                  n_boot: int = 1000, seed: int = 0, records: list[RunRecord] | None = None,
                  stale: list[RunRecord] | None = None, report_cfg: Any = None,
-                 max_train_loss: float | None = None, max_loss_span: float | None = None) -> ReportSummary:
+                 max_train_loss: float | None = None, max_loss_span: float | None = None,
+                 measure_info: dict[str, Any] | None = None) -> ReportSummary:
     """Read the experiment folders (or use `records`), compute the statistics, write every report file,
-    print the ranking. `stale` runs are listed as not in this study.
+    print the ranking. `stale` runs are listed as not in this study. `measure_info` (measure name → an
+    object with `description` and `cost`, e.g. the registry's specs) describes the measures in the report;
+    the report reads everything else from the files.
 
     Refuses (FlatbenchError, nothing written) when no run can be used, so that a good report is never
     replaced by an empty one. `quiet` prints one line (where the report is and the best measure).
@@ -184,7 +125,7 @@ def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str
 
     best = _best_measure(corr)
     doc = _build_document(exp_dirs, records, table, analysis, figures, notes, best, n_boot, seed,
-                          min_train_acc, endpoint, levels)
+                          min_train_acc, endpoint, levels, measure_info)
     report_md = out_dir / "report.md"
     report_html = out_dir / "report.html"
     store.atomic_write_text(report_md, doc.to_markdown())
@@ -460,13 +401,6 @@ def _measure_status(records: list[RunRecord]) -> list[dict[str, Any]]:
     return [stats[k] for k in sorted(stats)]
 
 
-def _registry_info() -> dict[str, Any]:
-    try:
-        return measure_specs()
-    except Exception:  # noqa: BLE001 - the stats already noted a broken registry
-        return {}
-
-
 def _p(value: Any) -> str:
     v = to_float(value)
     if not math.isfinite(v):
@@ -477,7 +411,8 @@ def _p(value: Any) -> str:
 def _build_document(exp_dirs: list[Path], records: list[RunRecord], table: pd.DataFrame,
                     analysis: Analysis, figures: list[tuple[str, bytes, str]], notes: list[str],
                     best: str | None, n_boot: int, seed: int, min_train_acc: float,
-                    endpoint: Endpoint | None = None, levels: pd.DataFrame | None = None) -> Document:
+                    endpoint: Endpoint | None = None, levels: pd.DataFrame | None = None,
+                    measure_info: dict[str, Any] | None = None) -> Document:
     corr = analysis.correlations
     names = ", ".join(f"`{p.name}`" for p in exp_dirs)
     doc = Document(title=f"flatbench report: {', '.join(p.name for p in exp_dirs)}")
@@ -615,10 +550,10 @@ def _build_document(exp_dirs: list[Path], records: list[RunRecord], table: pd.Da
                    ["measuring", _seconds(measure_sec),
                     str(sum(1 for r in records if r.measures))]], [False, True, True]))
     if status:
-        specs = _registry_info()
+        specs = measure_info or {}
         rows = []
         for s in status:
-            spec = specs.get(s["entry"].split("@", 1)[0])
+            spec = specs.get(parse_key(s["entry"]).measure)
             mean = s["seconds"] / s["timed"] if s["timed"] else math.nan
             rows.append([f"`{s['entry']}`", getattr(spec, "description", "") or "(not registered)",
                          getattr(spec, "cost", "") or "", str(s["ok"]), str(s["not_applicable"]),

@@ -24,7 +24,6 @@ caller's environment (FLATBENCH_DATA and the like).
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 from dataclasses import dataclass, field
@@ -86,7 +85,8 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
 
     def __call__(self) -> dict[str, Any]:
         from flatbench.config import parse_study
-        from flatbench.study import measure_study, train_study
+        from flatbench.study.measure import measure_study
+        from flatbench.study.train import train_study
         from flatbench.train import Preempted, resolve_device
 
         def echo(msg: str) -> None:
@@ -258,7 +258,7 @@ def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, 
 
     The tasks run `StudyTask`; their logs go to `<experiment>/<executor>/`.
     """
-    from flatbench.study import save_study, shard_runs
+    from flatbench.study.spec import save_study, shard_runs
     from flatbench.store import is_finished, run_dir
 
     opts = opts or ClusterOptions()
@@ -325,153 +325,3 @@ def submit_and_report(study: Any, executor: str, opts: ClusterOptions, *, stage:
             raise FlatbenchError(f"{len(failures)} task(s) failed: " + "; ".join(failures))
         echo(f"all {len(sub.tasks)} task(s) finished")
     return sub
-
-
-# ---------------------------------------------------------------- status
-
-
-STATES = ("finished", "running", "preempted", "failed", "damaged", "not_started")
-
-
-def _lock_held(run_path: Path) -> bool:
-    from flatbench.store import RunLock
-
-    lock = RunLock(run_path)
-    return lock.path.exists() and not lock._is_stale()
-
-
-def run_state(run_path: Path) -> tuple[str, str | None]:
-    """(state, detail) of one run folder; state is one of STATES.
-
-    running: its lock is held by a live process (or, from another host, a recent one); preempted: stopped
-    with a checkpoint (status `preempted` or `interrupted`, or `running` with nobody holding the lock: a
-    killed job); failed: status `failed` (detail: the error); damaged: finished, but its run.json is
-    unreadable or its model.pt missing, corrupt or not the file it wrote (detail: which).
-    """
-    from flatbench.errors import CheckpointError
-    from flatbench.store import MODEL_FILE, RUN_JSON, read_json
-    from flatbench.train import check_model_hash
-
-    run_path = Path(run_path)
-    held = _lock_held(run_path)
-    if not (run_path / RUN_JSON).is_file():
-        return ("running", None) if held else ("not_started", None)
-    try:
-        info = read_json(run_path / RUN_JSON)
-    except FlatbenchError as exc:
-        return "damaged", str(exc)
-    status = info.get("status")
-    if status == "finished":
-        if not (run_path / MODEL_FILE).is_file():
-            return "damaged", f"{run_path / MODEL_FILE} is missing"
-        try:
-            check_model_hash(run_path, info)
-        except CheckpointError as exc:
-            return "damaged", str(exc)
-        return "finished", None
-    if held:
-        return "running", None
-    if status == "failed":
-        return "failed", info.get("error")
-    return "preempted", None
-
-
-def _expected_entries(study: Any) -> list[str]:
-    """measures.json keys of the study's configured measures (one per loss for loss-based ones)."""
-    from flatbench.measures.registry import get_measure, resolve_names
-    from flatbench.measures.runner import entry_key
-
-    try:
-        names = resolve_names(list(study.measure.measures))
-    except FlatbenchError:
-        return []
-    keys = []
-    for name in names:
-        spec = get_measure(name)
-        keys += [entry_key(name, loss) for loss in (study.measure.losses if spec.uses_loss else (None,))]
-    return keys
-
-
-def _measure_state(run_path: Path, keys: list[str]) -> tuple[bool, str | None]:
-    """(every configured entry present, the damage of measures.json if any)."""
-    from flatbench.measures.runner import read_entries
-
-    entries, damaged = read_entries(run_path)
-    problem = f"{run_path / 'measures.json'} is damaged ({damaged})" if damaged else None
-    done = bool(keys) and all(entries.get(k, {}).get("status") in ("ok", "not_applicable", "error") for k in keys)
-    return done and not damaged, problem
-
-
-def study_status(exp_dir: str | Path) -> dict[str, Any]:
-    """Counts of runs by state, from the experiment's study.yaml run list and the run folders.
-
-    `measured`: finished runs whose measures.json has an entry for every configured measure (what
-    `flatbench run --executor` waits for before `flatbench report`). `stale`: run folders that are not
-    runs of the current config; `damaged_files`: measures.json files that need `flatbench measure`.
-    """
-    from flatbench.store import run_dir
-    from flatbench.study import read_saved_study, stale_run_ids
-
-    exp_dir = Path(exp_dir)
-    study = read_saved_study(exp_dir)
-    keys = _expected_entries(study)
-    runs: dict[str, dict] = {}
-    measured = 0
-    damaged_files = []
-    for rid in study.run_ids():
-        state, detail = run_state(run_dir(exp_dir, rid))
-        runs[rid] = {"state": state, **({"detail": detail} if detail else {})}
-        if state == "finished":
-            done, problem = _measure_state(run_dir(exp_dir, rid), keys)
-            if problem:
-                damaged_files.append(problem)
-            if done:
-                runs[rid]["measured"] = True
-                measured += 1
-    counts = {s: sum(1 for r in runs.values() if r["state"] == s) for s in STATES}
-    logs = [str(exp_dir / k) for k in EXECUTORS if (exp_dir / k).is_dir()]
-    return {"experiment": str(exp_dir), "total": len(runs), "counts": counts, "measured": measured,
-            "runs": runs, "logs": logs, "stale": stale_run_ids(study), "damaged_files": damaged_files}
-
-
-def format_status(status: dict[str, Any]) -> str:
-    c = status["counts"]
-    lines = [f"{status['experiment']}: {status['total']} runs"]
-    labels = {"finished": "finished", "running": "running", "preempted": "preempted or interrupted (resume by "
-              "re-running)", "failed": "failed", "damaged": "damaged (model.pt or run.json; retrain them)",
-              "not_started": "not started"}
-    width = max(len(str(v)) for v in c.values()) if c else 1
-    for state in STATES:
-        lines.append(f"  {c[state]:>{width}}  {labels[state]}")
-    if status.get("measured"):
-        lines.append(f"  {status['measured']:>{width}}  of the finished runs have every configured measure")
-    for state in ("failed", "damaged"):
-        bad = {rid: r for rid, r in status["runs"].items() if r["state"] == state}
-        if bad:
-            lines.append(f"{state} runs:")
-            for rid, r in bad.items():
-                lines.append(f"  {rid}: {r.get('detail') or 'see its run.json'}")
-    for problem in status.get("damaged_files", []):
-        lines.append(f"damaged: {problem} (`flatbench measure` keeps its readable entries and recomputes the rest)")
-    if status.get("stale"):
-        shown = ", ".join(status["stale"][:5]) + (", ..." if len(status["stale"]) > 5 else "")
-        lines.append(f"{len(status['stale'])} run folder(s) not in this study (an earlier config): {shown}")
-    for log in status["logs"]:
-        lines.append(f"job logs: {log}/")
-    done = c["finished"] / status["total"] if status["total"] else 1.0
-    lines.append(f"{math.floor(100 * done)}% done")
-    return "\n".join(lines)
-
-
-def wait_for_runs(exp_dir: str | Path, timeout_s: float, poll_s: float = 2.0,
-                  until: Callable[[dict], bool] | None = None) -> dict[str, Any]:
-    """Poll `study_status` until every run is finished or failed (or `until(status)`), or the timeout."""
-    import time
-
-    deadline = time.time() + timeout_s
-    while True:
-        st = study_status(exp_dir)
-        c = st["counts"]
-        if (until(st) if until else c["finished"] + c["failed"] == st["total"]) or time.time() > deadline:
-            return st
-        time.sleep(poll_s)

@@ -1,7 +1,4 @@
-"""The curvature engine: exact Hessian diagonal, Hessian-vector products, Hutchinson, Lanczos.
-
-Every Hessian-based measure rests on these primitives, so they are computed once per (model, loss) and
-shared through `MeasureContext.cached` (`diagonal_for`).
+"""The exact Hessian diagonal of a loss on the logits, for piecewise-linear networks (else Hutchinson).
 
 **Exact diagonal.** For a network whose logits are piecewise linear in every *single* parameter (Linear,
 Conv2d, ReLU, max/avg pooling, flatten, residual additions, BatchNorm with running statistics),
@@ -50,17 +47,15 @@ the diagonal comes from Hutchinson's estimator E[z ⊙ Hz] with Rademacher z, an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, jvp
 
+from flatbench.curvature.common import _chunks, _GradMode, _params, _rademacher, _Welford
 from flatbench.seeding import make_generator
-
-DEFAULT_HUTCHINSON_PROBES = 100
-"""Probes of the Hutchinson fallback diagonal (and of `hutchinson_trace` when neither probes nor rtol)."""
+from flatbench.curvature.hvp import DEFAULT_HUTCHINSON_PROBES, hvp
 
 # ---------------------------------------------------------------- applicability
 
@@ -174,182 +169,6 @@ class DiagonalResult:
 def per_layer_traces(result: DiagonalResult) -> dict[str, float]:
     """Tr H restricted to each parameter tensor: the quantity layer-wise measures are built from."""
     return {name: float(d.sum()) for name, d in result.diag.items()}
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _chunks(inputs: Tensor, targets: Tensor, chunk_size: int) -> Iterator[tuple[Tensor, Tensor]]:
-    for i in range(0, int(inputs.shape[0]), max(1, int(chunk_size))):
-        yield inputs[i:i + chunk_size], targets[i:i + chunk_size]
-
-
-def _params(model: nn.Module) -> dict[str, Tensor]:
-    return {name: p.detach() for name, p in model.named_parameters()}
-
-
-def _flatten(tensors: dict[str, Tensor], names: list[str], dtype: torch.dtype | None = None) -> Tensor:
-    return torch.cat([tensors[n].reshape(-1).to(dtype or tensors[n].dtype) for n in names])
-
-
-def _unflatten(flat: Tensor, like: dict[str, Tensor], dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-    out: dict[str, Tensor] = {}
-    offset = 0
-    for name, ref in like.items():
-        size = ref.numel()
-        out[name] = flat[offset:offset + size].view_as(ref).to(dtype or ref.dtype)
-        offset += size
-    if offset != flat.numel():
-        raise ValueError(f"vector has {flat.numel()} entries, the model has {offset} parameters")
-    return out
-
-
-def _rademacher(like: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
-    """±1 probes, drawn on the generator's device (so a seed gives the same probes on any machine of
-    that device type) and moved to each parameter's device."""
-    out = {}
-    for name, ref in like.items():
-        bits = torch.randint(0, 2, ref.shape, generator=generator, device=generator.device)
-        out[name] = (bits * 2 - 1).to(device=ref.device, dtype=ref.dtype)
-    return out
-
-
-class _GradMode:
-    """Enable autograd and make every parameter require grad for the duration (measures may run under
-    `torch.no_grad()` or on frozen models); restores both afterwards."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.saved: list[tuple[Tensor, bool]] = []
-        self.ctx = torch.enable_grad()
-
-    def __enter__(self) -> None:
-        self.ctx.__enter__()
-        for p in self.model.parameters():
-            self.saved.append((p, p.requires_grad))
-            p.requires_grad_(True)
-
-    def __exit__(self, *exc: Any) -> None:
-        for p, flag in self.saved:
-            p.requires_grad_(flag)
-        self.ctx.__exit__(*exc)
-
-
-# ---------------------------------------------------------------- Hessian-vector products
-
-
-def _loss_fn(model: nn.Module, buffers: dict[str, Tensor], x: Tensor, y: Tensor, loss: Callable,
-             weight: float) -> Callable[[dict[str, Tensor]], Tensor]:
-    """The chunk's share of the mean loss as a function of the parameters (for torch.func)."""
-    def fn(params: dict[str, Tensor]) -> Tensor:
-        return loss(functional_call(model, (params, buffers), (x,)), y) * weight
-    return fn
-
-
-def _buffers(model: nn.Module) -> dict[str, Tensor]:
-    """Buffers for functional_call; cloned when some module is in train mode so that BatchNorm's
-    running statistics of the model are not updated by a measurement."""
-    bufs = dict(model.named_buffers())
-    if any(m.training for m in model.modules()):
-        bufs = {k: v.clone() for k, v in bufs.items()}
-    return bufs
-
-
-HVP_MODES = ("rev_fwd", "fwd_rev", "double_backward")
-
-
-def hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: dict[str, Tensor] | Tensor,
-        chunk_size: int = 2000, mode: str = "rev_fwd") -> dict[str, Tensor] | Tensor:
-    """H v for H the Hessian of the mean loss over (inputs, targets), with torch.func, in chunks.
-
-    `vec` is a dict of tensors keyed like `model.named_parameters()` or one flat vector in that order;
-    the result has the same structure (and the parameters' dtype). Chunks are weighted by their share of
-    the examples, so the result is the full-set Hessian's product whatever the chunking.
-
-    `mode`: 'rev_fwd' (default) is `grad` of the directional derivative `jvp(L)[v]` (reverse-over-forward),
-    'fwd_rev' is `jvp(grad(L))` (forward-over-reverse), 'double_backward' is PyHessian's
-    `autograd.grad(⟨∇L, v⟩)`. All three compute the same product; on CPU the reverse-over-forward form
-    measured fastest of the torch.func ones (scripts/bench_curvature.py prints all three), so it is the
-    default. A model with a module in train mode (BatchNorm updating running statistics mutates buffers,
-    which torch.func transforms refuse) always uses double backward, on cloned buffers so the model's
-    statistics are left as they were.
-    """
-    if mode not in HVP_MODES:
-        raise ValueError(f"mode must be one of {HVP_MODES}, got {mode!r}")
-    params = _params(model)
-    flat_input = isinstance(vec, Tensor)
-    v = _unflatten(vec, params) if flat_input else {k: vec[k].to(params[k].dtype) for k in params}
-    buffers = _buffers(model)
-    n = int(inputs.shape[0])
-    out = {k: torch.zeros_like(p) for k, p in params.items()}
-    if any(m.training for m in model.modules()):
-        mode = "double_backward"
-    with torch.enable_grad():
-        for x, y in _chunks(inputs, targets, chunk_size):
-            fn = _loss_fn(model, buffers, x, y, loss, x.shape[0] / n)
-            if mode == "rev_fwd":
-                hv = grad(lambda p: jvp(fn, (p,), (v,))[1])(params)
-            elif mode == "fwd_rev":
-                hv = jvp(grad(fn), (params,), (v,))[1]
-            else:
-                leaves = {k: p.detach().requires_grad_(True) for k, p in params.items()}
-                grads = torch.autograd.grad(fn(leaves), list(leaves.values()), create_graph=True,
-                                            allow_unused=True, materialize_grads=True)
-                dot = sum((g * v[k]).sum() for g, k in zip(grads, leaves))
-                hv = dict(zip(leaves, torch.autograd.grad(dot, list(leaves.values()), allow_unused=True,
-                                                          materialize_grads=True)))
-            for k in out:
-                out[k] += hv[k]
-    if flat_input:
-        return _flatten(out, list(params)).to(vec.dtype)
-    return out
-
-
-# ---------------------------------------------------------------- Hutchinson
-
-
-class _Welford:
-    """Running mean and variance in float64 (numerically stable, one pass over the probes)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.mean: Any = 0.0
-        self.m2: Any = 0.0
-
-    def add(self, x: Any) -> None:
-        self.count += 1
-        delta = x - self.mean
-        self.mean = self.mean + delta / self.count
-        self.m2 = self.m2 + delta * (x - self.mean)
-
-    def stderr(self) -> Any:
-        if self.count < 2:
-            return self.m2 * float("nan") if isinstance(self.m2, Tensor) else float("nan")
-        var = self.m2 / (self.count - 1)
-        return (var / self.count) ** 0.5
-
-
-def hutchinson_trace(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *,
-                     generator: torch.Generator, probes: int | None = None, rtol: float | None = None,
-                     max_probes: int = 1000, min_probes: int = 10, chunk_size: int = 2000) -> dict[str, Any]:
-    """Tr H ≈ mean of zᵀHz over Rademacher probes z, with its standard error.
-
-    With `probes` a fixed count is drawn; otherwise, with `rtol`, probes are drawn until the standard
-    error is at most rtol·|mean| (at least `min_probes`, at most `max_probes`); with neither,
-    `DEFAULT_HUTCHINSON_PROBES`. Deterministic given the generator's state.
-    """
-    params = _params(model)
-    if probes is None and rtol is None:
-        probes = DEFAULT_HUTCHINSON_PROBES
-    limit = probes if probes is not None else max_probes
-    acc = _Welford()
-    while acc.count < limit:
-        z = _rademacher(params, generator)
-        hz = hvp(model, inputs, targets, loss, z, chunk_size=chunk_size)
-        acc.add(float(sum((z[k].double() * hz[k].double()).sum() for k in params)))
-        if probes is None and acc.count >= max(2, min_probes) and acc.stderr() <= rtol * abs(acc.mean):
-            break
-    return {"mean": float(acc.mean), "stderr": float(acc.stderr()), "probes": acc.count}
 
 
 def _hutchinson_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *,
@@ -508,7 +327,7 @@ def _scaled_factors(loss: Any, logits: Tensor, targets: Tensor) -> tuple[Tensor,
     return factor, signs
 
 
-def _logit_factors(loss: Any, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+def logit_factors(loss: Any, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Signed factors (λ (n, K), U (n, C, K)) with ∇²_f ℓ_n = Σ_k λ_nk u_nk u_nkᵀ, in float64.
 
     The factors of `_scaled_factors` with λ = ±1 (the columns are not orthonormal).
@@ -850,95 +669,3 @@ def hessian_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: An
         generator = make_generator("hessian_diagonal", "default", device=inputs.device)
     return _hutchinson_diagonal(model, inputs, targets, loss, generator=generator, probes=hutchinson_probes,
                                 chunk_size=chunk_size, reason=reason)
-
-
-def diagonal_for(ctx: Any) -> DiagonalResult:
-    """The Hessian diagonal for a `MeasureContext`, computed once per (model, loss) and shared.
-
-    The Hutchinson fallback's generator is derived from the run, not from the calling measure, so the
-    cached value does not depend on which measure asked first.
-    """
-    def compute() -> DiagonalResult:
-        gen = make_generator("measure", ctx.run_id, ctx.seed, "hessian_diagonal", ctx.loss_name,
-                             ctx.normalized_ce_tau, device=ctx.device)
-        return hessian_diagonal(ctx.model, ctx.inputs, ctx.targets, ctx.loss, max_memory_mb=ctx.max_memory_mb,
-                                chunk_size=ctx.chunk_size, generator=gen)
-
-    return ctx.cached(("hessian_diagonal", ctx.loss_name, ctx.normalized_ce_tau), compute)
-
-
-# ---------------------------------------------------------------- Lanczos
-
-
-def lanczos(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *, k: int = 1,
-            iters: int = 100, generator: torch.Generator, tol: float = 1e-6, chunk_size: int = 2000
-            ) -> dict[str, Any]:
-    """The k largest (algebraic) eigenvalues of H by Lanczos with full reorthogonalization.
-
-    Stops when every wanted Ritz pair has residual ‖Hy − θy‖ = β_m |s_m| ≤ tol·max_i |θ_i| (an eigenvalue
-    lies within the residual of θ, and θ is within residual²/gap of it; the scale is the largest wanted
-    Ritz value, so for k = 1 the test is relative to λ_max itself), when the Krylov space is invariant
-    (the Ritz values are then exact), or after `iters` steps (at most the number of parameters); the
-    result says whether it converged. The Lanczos vectors are kept in float64
-    (memory iters × P × 8 bytes) so that reorthogonalization is exact to double precision; the HVPs run
-    in the model's dtype. Deterministic given the generator's state (one Gaussian start vector).
-    """
-    params = _params(model)
-    names = list(params)
-    size = sum(p.numel() for p in params.values())
-    device = next(iter(params.values())).device
-    steps = max(1, min(int(iters), size))
-    k = max(1, min(int(k), size))
-    q = torch.randn(size, generator=generator, device=generator.device, dtype=torch.float64).to(device)
-    # The Lanczos vectors, as rows of a buffer grown by doubling (no per-step copy of the whole basis).
-    basis = torch.empty(min(steps + 1, 16), size, dtype=torch.float64, device=device)
-    basis[0] = q / q.norm()
-    alphas: list[float] = []
-    betas: list[float] = []
-    theta = torch.zeros(0, dtype=torch.float64)
-    resid = torch.zeros(0, dtype=torch.float64)
-    converged = False
-
-    def store(row: int, vector: Tensor) -> None:
-        nonlocal basis
-        if row >= basis.shape[0]:
-            grown = torch.empty(min(steps + 1, 2 * basis.shape[0]), size, dtype=torch.float64, device=device)
-            grown[:basis.shape[0]] = basis
-            basis = grown
-        basis[row] = vector
-
-    for j in range(steps):
-        w = hvp(model, inputs, targets, loss, _unflatten(basis[j], params), chunk_size=chunk_size)
-        w = _flatten(w, names, torch.float64)
-        alpha = float(basis[j] @ w)
-        alphas.append(alpha)
-        q_mat = basis[:j + 1]
-        for _ in range(2):  # "twice is enough" (Parlett): full reorthogonalization against every vector
-            w = w - q_mat.t() @ (q_mat @ w)
-        beta = float(w.norm())
-        tri = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-        if j:
-            off = torch.tensor(betas, dtype=torch.float64)
-            tri += torch.diag(off, 1) + torch.diag(off, -1)
-        evals, evecs = torch.linalg.eigh(tri)
-        order = torch.argsort(evals, descending=True)[:k]
-        theta = evals[order]
-        resid = beta * evecs[-1, order].abs()
-        scale = max(float(theta.abs().max()), 1e-30)
-        invariant = beta <= 1e-12 * max(scale, abs(alpha))
-        converged = j + 1 >= k and (invariant or bool((resid <= tol * scale).all()))
-        if converged:
-            break
-        if invariant:
-            # Exhausted the Krylov space before k Ritz values exist: restart with a fresh orthogonal vector.
-            w = torch.randn(size, generator=generator, device=generator.device, dtype=torch.float64)
-            w = w.to(device)
-            for _ in range(2):
-                w = w - q_mat.t() @ (q_mat @ w)
-            betas.append(0.0)
-            store(j + 1, w / w.norm())
-            continue
-        betas.append(beta)
-        store(j + 1, w / beta)
-    return {"eigenvalues": [float(t) for t in theta], "residuals": [float(r) for r in resid],
-            "iterations": len(alphas), "converged": converged}

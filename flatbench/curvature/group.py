@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from flatbench.curvature import DiagonalResult, _logit_factors
+from flatbench.curvature.diagonal import DiagonalResult, logit_factors
 
 
 def mlp_linears(model: nn.Module) -> list[nn.Linear]:
@@ -131,7 +131,7 @@ def group_hessian_diagonals(models: Sequence[nn.Module], inputs: Tensor, targets
                 else:
                     a = z
             logits = a  # (G, m, C)
-            lam, vecs = _logit_factors(loss, logits.reshape(g_count * m, num_classes),
+            lam, vecs = logit_factors(loss, logits.reshape(g_count * m, num_classes),
                                        targets[:, s:s + step].reshape(g_count * m))
             k = lam.shape[-1]
             lam = lam.to(dtype).reshape(g_count, m, k)

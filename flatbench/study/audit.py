@@ -42,9 +42,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 
+from flatbench.analysis import plots
+from flatbench.analysis.audit_tables import format_correlations, format_summary, summarize
+from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_batch, kendall_permutation_p
 from flatbench.errors import FlatbenchError
+from flatbench.measures.keys import entry_keys, parse_key
 from flatbench.store import (MEASURES_JSON, RUN_JSON, STUDY_FILE, atomic_write_bytes, atomic_write_text,
                              is_finished, list_run_dirs, read_json)
 
@@ -56,11 +59,6 @@ CORRELATIONS_PNG = "audit_correlations.png"
 
 FUNCTION_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
 """Largest relative change of the logits accepted as 'the same function' (per measurement dtype)."""
-INVARIANCE_RTOL = 1e-4
-"""A declared-invariant measure whose median relative change exceeds this is flagged in the table."""
-HEATMAP_FLOOR = 1e-16
-"""Relative changes below this (including exact zeros) are drawn at this value on the log scale."""
-MIN_RUNS = 3
 
 Echo = Callable[[str], None]
 
@@ -68,34 +66,33 @@ Echo = Callable[[str], None]
 # ---------------------------------------------------------------- shared pieces
 
 
+def _saved_study(exp_dir: Path) -> Any:
+    """The experiment's saved study, or None when it has none (an older or hand-made folder)."""
+    from flatbench.study.spec import read_saved_study
+
+    return read_saved_study(exp_dir) if (Path(exp_dir) / STUDY_FILE).is_file() else None
+
+
 def _study_run_dirs(exp_dir: Path) -> list[Path]:
     """The run folders of the experiment's current study (those of an earlier config left out), or every
     run folder when the experiment has no saved study."""
     from flatbench.store import run_dir
-    from flatbench.study import read_saved_study
 
-    if not (Path(exp_dir) / STUDY_FILE).is_file():
-        return list_run_dirs(exp_dir)
-    return [run_dir(exp_dir, rid) for rid in read_saved_study(exp_dir).run_ids()]
+    study = _saved_study(exp_dir)
+    return list_run_dirs(exp_dir) if study is None else [run_dir(exp_dir, rid) for rid in study.run_ids()]
 
 
-def measure_config(exp_dir: Path):
-    """The experiment's measure config (from its saved study.yaml; defaults when there is none)."""
-    from flatbench.config import MeasureConfig, parse_study
+def measure_config(exp_dir: Path) -> Any:
+    """The experiment's measure config (defaults when it has no saved study)."""
+    from flatbench.config import MeasureConfig
 
-    saved = Path(exp_dir) / STUDY_FILE
-    if not saved.is_file():
-        return MeasureConfig()
-    raw = yaml.safe_load(saved.read_text()) or {}
-    return parse_study({"measure": raw.get("measure") or {}}, default_name="audit").measure
+    study = _saved_study(exp_dir)
+    return MeasureConfig() if study is None else study.measure
 
 
 def report_gap(exp_dir: Path) -> str:
-    saved = Path(exp_dir) / STUDY_FILE
-    if not saved.is_file():
-        return "acc"
-    raw = yaml.safe_load(saved.read_text()) or {}
-    return str((raw.get("report") or {}).get("gap", "acc"))
+    study = _saved_study(exp_dir)
+    return "acc" if study is None else study.report.gap
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ class Entry:
 def plan_entries(names: list[str] | None, cfg: Any) -> list[Entry]:
     """Measures (default: the study's) × configured losses, with their merged settings."""
     from flatbench.measures.registry import get_measure, resolve_names
-    from flatbench.measures.runner import check_settings, entry_key
+    from flatbench.measures.runner import check_settings
 
     chosen = resolve_names(names or list(cfg.measures))
     check_settings(chosen, cfg)
@@ -118,8 +115,7 @@ def plan_entries(names: list[str] | None, cfg: Any) -> list[Entry]:
     for name in chosen:
         spec = get_measure(name)
         settings = spec.settings(cfg.settings)
-        for loss in (cfg.losses if spec.uses_loss else (None,)):
-            entries.append(Entry(entry_key(name, loss), name, loss, settings))
+        entries += [Entry(key, name, loss, settings) for loss, key in entry_keys(name, spec, cfg.losses)]
     return entries
 
 
@@ -173,10 +169,13 @@ def transform_checked(ctx: Any, family: str, generator: torch.Generator, max_fac
     return replace(ctx, model=model, cache={}), change
 
 
-def _declared(name: str, family: str) -> bool:
+def _declared(key: str, family: str) -> bool:
+    """Whether the measure behind a result key (or a measure name) declares invariance to `family`; a
+    variant (e.g. a solver stopped early) declares none."""
     from flatbench.measures.registry import get_measure
 
-    return family in get_measure(name).invariant_to
+    spec = get_measure(parse_key(key).measure)
+    return not spec.base and family in spec.invariant_to
 
 
 # ---------------------------------------------------------------- run audit
@@ -235,109 +234,12 @@ def audit_run(run_path: Path, *, families: list[str] | str = "layer,node,bn,logi
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / AUDIT_CSV, frame.to_csv(index=False))
     order = [e.key for e in entries if baseline[e.key]["status"] == "ok"]
-    summary = summarize(frame, order, fams)
-    atomic_write_bytes(out / AUDIT_PNG, heatmap_png(summary, title=f"{run_path.name}: median relative change "
+    summary = summarize(frame, order, fams, _declared)
+    atomic_write_bytes(out / AUDIT_PNG, plots.audit_heatmap_figure(summary, title=f"{run_path.name}: median relative change "
                                                                    f"over {trials} trial(s)"))
     echo(format_summary(summary))
     echo(f"wrote {out / AUDIT_CSV} and {out / AUDIT_PNG}")
     return frame
-
-
-@dataclass
-class Summary:
-    median: pd.DataFrame
-    """measure × family median relative change (NaN where not computed)."""
-    declared: pd.DataFrame
-    """measure × family: declared invariant (bool)."""
-    violations: list[tuple[str, str, float]]
-
-
-def summarize(frame: pd.DataFrame, measures: list[str], families: list[str]) -> Summary:
-    median = pd.DataFrame(np.nan, index=measures, columns=families, dtype=float)
-    declared = pd.DataFrame(False, index=measures, columns=families)
-    for m in measures:
-        name = m.split("@")[0]
-        for f in families:
-            declared.loc[m, f] = _declared(name, f)
-    if len(frame):
-        ok = frame[frame["status"] == "ok"]
-        for (m, f), group in ok.groupby(["measure", "family"]):
-            if m in median.index and f in median.columns:
-                median.loc[m, f] = float(np.median(group["rel_change"].to_numpy(dtype=float)))
-    violations = [(m, f, float(median.loc[m, f])) for m in measures for f in families
-                  if declared.loc[m, f] and not math.isnan(median.loc[m, f])
-                  and not median.loc[m, f] < INVARIANCE_RTOL]
-    return Summary(median, declared, violations)
-
-
-def format_summary(summary: Summary) -> str:
-    med, dec = summary.median, summary.declared
-    width = max([len("measure")] + [len(m) for m in med.index])
-    head = f"{'measure':{width}}  " + "  ".join(f"{f:>12}" for f in med.columns)
-    lines = [head, "-" * len(head)]
-    flagged = {(m, f) for m, f, _ in summary.violations}
-    for m in med.index:
-        cells = []
-        for f in med.columns:
-            v = med.loc[m, f]
-            text = "n/a" if math.isnan(v) else f"{v:.1e}"
-            mark = "*" if dec.loc[m, f] else " "
-            if (m, f) in flagged:
-                mark = "!"
-            cells.append(f"{text:>11}{mark}")
-        lines.append(f"{m:{width}}  " + "  ".join(cells))
-    lines.append("median relative change; * declared invariant; ! declared invariant but changed by "
-                 f"≥ {INVARIANCE_RTOL:g}")
-    if summary.violations:
-        lines.append(f"{len(summary.violations)} declared invariance(s) not met: "
-                     + ", ".join(f"{m} under {f} ({v:.1e})" for m, f, v in summary.violations))
-    return "\n".join(lines)
-
-
-def heatmap_png(summary: Summary, title: str = "") -> bytes:
-    import io
-
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.colors import LogNorm
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
-
-    med = summary.median
-    n_rows, n_cols = med.shape
-    data = med.to_numpy(dtype=float)
-    shown = np.where(np.isnan(data), np.nan, np.clip(data, HEATMAP_FLOOR, None))
-    finite = shown[np.isfinite(shown)]
-    vmax = max(1.0, float(finite.max())) if finite.size else 1.0
-    fig = Figure(figsize=(2.0 + 1.25 * max(n_cols, 1), 1.2 + 0.38 * max(n_rows, 1)), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    cmap = matplotlib.colormaps["viridis"].copy()
-    cmap.set_bad("#d9d9d9")
-    image = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=LogNorm(vmin=HEATMAP_FLOOR, vmax=vmax),
-                      aspect="auto")
-    for i in range(n_rows):
-        for j in range(n_cols):
-            v = data[i, j]
-            text = "n/a" if math.isnan(v) else ("0" if v == 0 else f"{v:.0e}")
-            # viridis is dark at the low end: white text there, black on the bright end and on grey n/a
-            position = 0.0 if math.isnan(v) else (math.log10(shown[i, j] / HEATMAP_FLOOR)
-                                                   / math.log10(vmax / HEATMAP_FLOOR))
-            ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                    color="white" if not math.isnan(v) and position < 0.6 else "black")
-            if summary.declared.iloc[i, j]:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#e41a1c",
-                                       linewidth=2))
-    ax.set_xticks(range(n_cols), list(med.columns), fontsize=8)
-    ax.set_yticks(range(n_rows), list(med.index), fontsize=8)
-    ax.set_xlabel("transformation family (red frame: declared invariant)", fontsize=8)
-    fig.colorbar(image, ax=ax, label="median |Δ| / |baseline|")
-    if title:
-        ax.set_title(title, fontsize=9)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=130)
-    fig.clear()
-    return buf.getvalue()
 
 
 # ---------------------------------------------------------------- population audit
@@ -347,8 +249,6 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
                      device: torch.device | str = "cpu", max_factor: float = 100.0, gap: str | None = None,
                      out_dir: Path | None = None, echo: Echo = print) -> pd.DataFrame:
     """Transform every run once, recompute the measures and compare their correlations with the gap."""
-    from scipy.stats import kendalltau
-
     from flatbench.measures.registry import get_measure
     from flatbench.measures.runner import build_context
     from flatbench.rescale import applicable_families
@@ -364,9 +264,9 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     if not max_factor > 1:
         raise FlatbenchError(f"--max-factor must be larger than 1, got {max_factor}")
     gap = gap or report_gap(exp_dir)
-    gap_col = {"acc": "gap_acc", "loss": "gap_loss"}.get(gap)
-    if gap_col is None:
+    if gap not in ("acc", "loss"):
         raise FlatbenchError(f"gap must be acc or loss, got {gap!r}")
+    gap_col = gap_column(gap)
     runs = [p for p in _study_run_dirs(exp_dir) if is_finished(p)]
     if len(runs) < MIN_RUNS:
         raise FlatbenchError(f"{exp_dir} has {len(runs)} finished run(s); the population audit needs at "
@@ -415,8 +315,8 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
             ok = np.isfinite(x) & np.isfinite(y)
             tau = p = float("nan")
             if ok.sum() >= MIN_RUNS and np.ptp(x[ok]) > 0 and np.ptp(y[ok]) > 0:
-                res = kendalltau(x[ok], y[ok])
-                tau, p = float(res.statistic), float(res.pvalue)
+                tau = float(kendall_batch(x[ok][None, :], y[ok][None, :])[0])
+                p = kendall_permutation_p(x[ok], y[ok])
             row[f"tau_{which}"], row[f"p_{which}"] = tau, p
             row["n"] = int(ok.sum()) if which == "original" else min(row["n"], int(ok.sum()))
         row["delta"] = row["tau_transformed"] - row["tau_original"]
@@ -427,55 +327,7 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
                                             "delta", "p_original", "p_transformed", "median_rel_change",
                                             "declared_invariant"])
     atomic_write_text(out / CORRELATIONS_CSV, corr.to_csv(index=False))
-    atomic_write_bytes(out / CORRELATIONS_PNG, correlation_bars_png(corr, gap, fam))
+    atomic_write_bytes(out / CORRELATIONS_PNG, plots.audit_correlations_figure(corr, gap, fam))
     echo(format_correlations(corr, gap, fam))
     echo(f"wrote {out / CORRELATIONS_CSV}, {out / CORRELATIONS_PNG} and {out / POPULATION_CSV}")
     return corr
-
-
-def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
-    width = max([len("measure")] + [len(m) for m in corr["measure"]])
-    head = (f"{'measure':{width}}  {'n':>3}  {'τ original':>11}  {'τ ' + family:>11}  {'Δτ':>7}  "
-            "median rel. change")
-    lines = [f"Kendall τ with the {gap} gap, before and after one {family} transformation per run", head,
-             "-" * len(head)]
-    def fmt(v: float) -> str:
-        return "n/a" if not math.isfinite(v) else f"{v:+.3f}"
-
-    for _, r in corr.iterrows():
-        mark = "*" if r["declared_invariant"] else " "
-        rel = r["median_rel_change"]
-        lines.append(f"{r['measure']:{width}}  {r['n']:>3}  {fmt(r['tau_original']):>11}  "
-                     f"{fmt(r['tau_transformed']):>11}  {fmt(r['delta']):>7}  "
-                     f"{'n/a' if not math.isfinite(rel) else f'{rel:.1e}'}{mark}")
-    lines.append(f"* declared invariant to {family}")
-    return "\n".join(lines)
-
-
-def correlation_bars_png(corr: pd.DataFrame, gap: str, family: str) -> bytes:
-    import io
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    n = len(corr)
-    fig = Figure(figsize=(6.4, 1.0 + 0.42 * max(n, 1)), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    y = np.arange(n)
-    before = corr["tau_original"].to_numpy(dtype=float)
-    after = corr["tau_transformed"].to_numpy(dtype=float)
-    ax.barh(y - 0.2, np.nan_to_num(before), height=0.38, color="#4d4d4d", label="original")
-    ax.barh(y + 0.2, np.nan_to_num(after), height=0.38, color="#bdbdbd", edgecolor="black", hatch="//",
-            label=f"after {family} transformation")
-    labels = [f"{m}{' *' if d else ''}" for m, d in zip(corr["measure"], corr["declared_invariant"])]
-    ax.set_yticks(y, labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_xlim(-1, 1)
-    ax.set_xlabel(f"Kendall τ with the {gap} gap (* declared invariant to {family})", fontsize=8)
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="outside upper center", ncols=2)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=130)
-    fig.clear()
-    return buf.getvalue()

@@ -1,0 +1,90 @@
+"""Quantities several measures share, computed once per model (and loss) and cached in its context.
+
+This module is the one place that knows the cache keys: measures ask `hessian_diagonal(ctx)` or
+`layers(ctx)`, and the measure stage, when it computes the diagonals of several runs at once
+(`prime_hessian_diagonals`), puts them where `hessian_diagonal` looks, so the measures use them as if
+computed alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flatbench.curvature import DiagonalResult, group_hessian_diagonals, mlp_linears
+from flatbench.curvature import hessian_diagonal as compute_hessian_diagonal
+from flatbench.losses import get_loss
+from flatbench.measures.context import MeasureContext
+from flatbench.measures.layers import WeightLayer, weight_layers
+from flatbench.seeding import probe_generator
+
+
+def _diagonal_key(loss_name: str, tau: float) -> tuple:
+    return ("hessian_diagonal", loss_name, tau)
+
+
+def hessian_diagonal(ctx: MeasureContext, loss_name: str | None = None) -> DiagonalResult:
+    """The Hessian diagonal of the context's loss (or of `loss_name`), exact where the network qualifies
+    (else Hutchinson), computed once per model and loss.
+
+    The Hutchinson fallback's probes are seeded by the run's seed and the loss, not by the measure that
+    asks first, so the cached value does not depend on the order of the measures."""
+    loss_name = loss_name or ctx.loss_name
+
+    def compute() -> DiagonalResult:
+        gen = probe_generator(ctx.seed, "hessian_diagonal", loss_name, ctx.normalized_ce_tau, device=ctx.device)
+        return compute_hessian_diagonal(ctx.model, ctx.inputs, ctx.targets,
+                                        get_loss(loss_name, tau=ctx.normalized_ce_tau),
+                                        max_memory_mb=ctx.max_memory_mb, chunk_size=ctx.chunk_size, generator=gen)
+
+    return ctx.cached(_diagonal_key(loss_name, ctx.normalized_ce_tau), compute)
+
+
+def hutchinson_diagonal(ctx: MeasureContext, probes: int) -> DiagonalResult:
+    """Hutchinson's estimate of the diagonal with `probes` probes (even where the exact one exists)."""
+    key = ("hessian_diagonal_hutchinson", ctx.loss_name, ctx.normalized_ce_tau, probes)
+    return ctx.cached(key, lambda: compute_hessian_diagonal(
+        ctx.model, ctx.inputs, ctx.targets, ctx.loss, max_memory_mb=ctx.max_memory_mb,
+        chunk_size=ctx.chunk_size, generator=ctx.generator("hutchinson"), hutchinson_probes=probes,
+        method="hutchinson"))
+
+
+def layers(ctx: MeasureContext) -> list[WeightLayer]:
+    """The model's Linear / Conv2d layers in forward order."""
+    return ctx.cached("weight_layers", lambda: weight_layers(ctx.model, ctx.inputs[:1]))
+
+
+def prime_hessian_diagonals(contexts: list[MeasureContext], losses: list[str] | tuple[str, ...]) -> int:
+    """Compute the exact diagonals of same-architecture plain MLPs in one batched computation per loss
+    (`flatbench.curvature.group`) and cache them as `hessian_diagonal` would; returns how many contexts got
+    them. Contexts of other models, or groups of one, are left to compute their own."""
+    groups: dict[tuple, list[MeasureContext]] = {}
+    for ctx in contexts:
+        try:
+            shape = tuple((m.in_features, m.out_features, m.bias is not None) for m in mlp_linears(ctx.model))
+        except ValueError:
+            continue
+        groups.setdefault((shape, tuple(ctx.inputs.shape), ctx.normalized_ce_tau), []).append(ctx)
+    primed = 0
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        first = members[0]
+        inputs = torch.stack([c.inputs for c in members])
+        targets = torch.stack([c.targets for c in members])
+        for loss_name in dict.fromkeys(("ce", *losses)):
+            try:
+                results = group_hessian_diagonals([c.model for c in members], inputs, targets,
+                                                  get_loss(loss_name, first.normalized_ce_tau),
+                                                  per_model_inputs=True, max_memory_mb=first.max_memory_mb,
+                                                  chunk_size=first.chunk_size)
+            except (RuntimeError, ValueError):  # e.g. out of memory: each computes its own, as usual
+                continue
+            for ctx, result in zip(members, results):
+                ctx.cache[_diagonal_key(loss_name, ctx.normalized_ce_tau)] = result
+        primed += len(members)
+    return primed
+
+
+__all__: list[Any] = ["hessian_diagonal", "hutchinson_diagonal", "layers", "prime_hessian_diagonals"]

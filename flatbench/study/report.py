@@ -1,0 +1,85 @@
+"""The report stage: which runs of which experiment folders a report covers, with which settings, checked
+before anything is written; the report itself is `flatbench.analysis.report.write_report`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from flatbench import store
+from flatbench.analysis.report import ReportSummary, write_report
+from flatbench.analysis.table import load_records
+from flatbench.config import ReportConfig
+from flatbench.errors import ConfigError, FlatbenchError
+from flatbench.study.spec import check_output_dir, read_saved_study
+
+
+def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | None = None,
+                 min_train_acc: float | None = None, include_stale: bool | None = None,
+                 echo: Callable[[str], Any] = print, quiet: bool = False) -> ReportSummary:
+    """The report stage over experiment folders, as `flatbench report` runs it.
+
+    Each folder's saved study (study.yaml) says which runs are the study's now: run folders left by an
+    earlier version of its config are listed as not in this study and left out (`include_stale` counts
+    them). Settings default to the first folder's `report` section. Everything is checked before anything
+    is written: the folders, the settings, the output folder, damaged files (refused, so that a report is
+    never silently built from half a study) and that some run can be used (a good report is never
+    replaced by an empty one).
+    """
+    exp_dirs = [Path(p) for p in exp_dirs]
+    cfg: ReportConfig | None = None
+    current: dict[Path, set[str] | None] = {}
+    for path in exp_dirs:
+        if not path.exists():
+            raise FlatbenchError(f"experiment folder {path} does not exist")
+        if not path.is_dir():
+            raise FlatbenchError(f"{path} is a file, not an experiment folder")
+        if (path / store.STUDY_FILE).is_file():
+            study = read_saved_study(path)
+            current[path] = set(study.run_ids())
+            cfg = cfg or study.report
+        elif (path / store.RUNS_DIR).is_dir():
+            current[path] = None  # no saved study: every run folder counts
+        else:
+            raise FlatbenchError(f"{path} is not a flatbench experiment folder (no {store.STUDY_FILE} and no "
+                                 f"{store.RUNS_DIR}/ inside)")
+    cfg = cfg or ReportConfig()
+    if gap is not None:
+        cfg = replace(cfg, gap=gap)
+    if min_train_acc is not None:
+        if not 0.0 <= min_train_acc <= 1.0:
+            raise ConfigError(f"--min-train-acc must be a train accuracy in [0, 1], got {min_train_acc:g}")
+        cfg = replace(cfg, min_train_acc=min_train_acc)
+    if include_stale is not None:
+        cfg = replace(cfg, include_stale=include_stale or cfg.include_stale)
+    out = check_output_dir(out_dir or exp_dirs[0], "report folder")
+    records = load_records(exp_dirs)
+    damaged = [problem for rec in records for problem in rec.problems]
+    if damaged:
+        raise FlatbenchError(f"{len(damaged)} damaged file(s), e.g. {damaged[0]}: run `flatbench measure` on the "
+                             "experiment to repair measures.json files (their readable entries are kept), or "
+                             "move the damaged run away; the report was not written")
+    stale = []
+    if not cfg.include_stale:
+        stale = [rec for rec in records if current.get(rec.path.parent.parent) is not None
+                 and rec.run_id not in current[rec.path.parent.parent]]
+        records = [rec for rec in records if rec not in stale]
+    echo(f"building the report from {len(records)} runs"
+         + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
+    return write_report(exp_dirs, out, gap=cfg.gap, min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo,
+                        records=records, stale=stale, report_cfg=cfg, measure_info=_measure_info(records))
+
+
+def _measure_info(records: list) -> dict[str, Any]:
+    """The registry's spec (description, cost) of every measure the records hold a result of."""
+    from flatbench.measures.keys import parse_key
+    from flatbench.measures.registry import get_measure
+
+    info = {}
+    for name in {parse_key(key).measure for rec in records for key in rec.measures}:
+        try:
+            info[name] = get_measure(name)
+        except FlatbenchError:
+            continue  # a measure this version does not know: the report says "(not registered)"
+    return info

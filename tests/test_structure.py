@@ -1,0 +1,119 @@
+"""The package's shape: imports go one way (cli → stages → measures / analysis → training and curvature →
+config, data, models, store), there is no import circle, and each rule has one home.
+
+The import graph is read from the source (every `import` and `from ... import`, also those inside
+functions), so a lazy import cannot hide an upward dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "flatbench"
+
+FLOORS = {
+    "flatbench.cli": 6, "flatbench.__main__": 6,
+    "flatbench.study": 5,
+    "flatbench.measures": 4, "flatbench.analysis": 4,
+    "flatbench.train": 3, "flatbench.vectorized": 3, "flatbench.curvature": 3, "flatbench.rescale": 3,
+    "flatbench.data": 2, "flatbench.models": 2,
+    "flatbench.config": 1, "flatbench.store": 1, "flatbench.losses": 1,
+    "flatbench.errors": 0, "flatbench.seeding": 0, "flatbench": 0,
+}
+"""Each module (or package) and its floor: a module may import only from its own floor or below."""
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _floor(module: str) -> int:
+    best = None
+    for prefix, floor in FLOORS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, floor)
+    assert best is not None, f"{module} has no floor in tests/test_structure.py"
+    return best[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """flatbench modules imported by a file; `from pkg import submodule` counts as the submodule only."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "flatbench":
+            subs = [f"{node.module}.{a.name}" for a in node.names
+                    if (ROOT / (f"{node.module}.{a.name}".replace(".", "/") + ".py")).is_file()
+                    or (ROOT / f"{node.module}.{a.name}".replace(".", "/")).is_dir()]
+            out.update(subs if len(subs) == len(node.names) else [node.module, *subs])
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "flatbench")
+    return out
+
+
+GRAPH = {_module(p): _imports(p) - {_module(p)} for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_no_upward_import(module):
+    upward = [dep for dep in GRAPH[module] if _floor(dep) > _floor(module)]
+    assert not upward, f"{module} (floor {_floor(module)}) imports {upward} from above"
+
+
+def test_no_import_circle():
+    """No cycle among modules (a package's __init__ counts as the package itself)."""
+    seen: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        seen[node] = 1
+        stack.append(node)
+        for dep in sorted(GRAPH.get(node, ())):
+            if dep not in GRAPH:
+                continue
+            if seen.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if dep not in seen:
+                visit(dep)
+        stack.pop()
+        seen[node] = 2
+
+    for module in sorted(GRAPH):
+        if module not in seen:
+            visit(module)
+
+
+def test_analysis_reads_files_not_the_registry():
+    """The analysis floor needs no measure module: directions come from measures.json, keys from
+    `measures.keys` (which imports nothing heavy)."""
+    for module, deps in GRAPH.items():
+        if module.startswith("flatbench.analysis"):
+            assert not [d for d in deps if d.startswith("flatbench.measures") and d != "flatbench.measures.keys"], \
+                (module, deps)
+
+
+def test_one_home_for_each_rule():
+    """Rules that were once written in several places are written once."""
+    sources = {p: p.read_text() for p in PACKAGE.rglob("*.py")}
+
+    def where(text: str) -> list[str]:
+        return sorted(str(p.relative_to(ROOT)) for p, s in sources.items() if text in s)
+
+    assert where("STUDY_FILE).read_text") == [] and len(where("yaml.safe_load(saved")) == 1  # one study reader
+    assert where("def entry_key(") == ["flatbench/measures/keys.py"]
+    assert where("FAMILIES = (") == ["flatbench/rescale.py"]
+    assert where('partition("@")') == ["flatbench/measures/keys.py"]
+    assert where('split("@"') == []
+    assert where("fig.savefig(") == ["flatbench/analysis/plots.py"]
+    assert where('cache[("hessian_diagonal"') == []  # the cache keys live in measures/shared.py only
+    assert where('return ("hessian_diagonal"') == ["flatbench/measures/shared.py"]
+    assert where("def config_reference") == []  # the README table generator is a script
+    assert where("click") == ["flatbench/cli.py"]
