@@ -34,6 +34,9 @@ SHARD = click.option("--shard", default=None, metavar="I/N", help="Only the I-th
 MEASURES = click.option("--measures", "measures", default=None,
                         help="Comma-separated measures (default: the config's).")
 OVERRIDES = click.argument("overrides", nargs=-1)
+WORKERS = click.option("--workers", type=click.IntRange(min=1), default=None,
+                       help="Train and measure up to N runs at once in worker processes on the device "
+                            "(train.workers, measure.workers).")
 CLUSTER_OPTIONS = [
     click.option("--executor", type=click.Choice(["local", "slurm"]), default=None,
                  help="Submit the runs as a job array through submitit and return at once: slurm, or local "
@@ -58,7 +61,7 @@ def study_options(*extra: Callable, shard: bool = True, cluster: bool = True) ->
     """The one option stack of the study commands (`run`, `train`, `measure`): the target and its
     overrides, --out, --device, --quiet, [--shard], [the cluster options], plus `extra`."""
     def decorate(f: Callable) -> Callable:
-        options = [OVERRIDES, OUT, DEVICE, QUIET, *([SHARD] if shard else []), *extra,
+        options = [OVERRIDES, OUT, DEVICE, QUIET, WORKERS, *([SHARD] if shard else []), *extra,
                    *(CLUSTER_OPTIONS if cluster else [])]
         for option in reversed(options):
             f = option(f)
@@ -68,6 +71,11 @@ def study_options(*extra: Callable, shard: bool = True, cluster: bool = True) ->
 
 def _echo(msg: str) -> None:
     click.echo(msg)
+
+
+def _with_workers(overrides: tuple[str, ...], workers: int | None) -> tuple[str, ...]:
+    """--workers N as the overrides it stands for."""
+    return overrides if workers is None else (*overrides, f"train.workers={workers}", f"measure.workers={workers}")
 
 
 def _names(measures: str | None) -> list[str] | None:
@@ -100,7 +108,7 @@ def _submit(study: Any, stage: str, kw: dict, device: str, shard: str | None = N
 @click.argument("config")
 @study_options(MEASURES, shard=False)
 def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-        measures: str | None, **kw: Any) -> None:
+        workers: int | None, measures: str | None, **kw: Any) -> None:
     """Train, measure and report a study: CONFIG [KEY=VALUE ...].
 
     With --executor each array task trains its runs and then measures them; the command returns at once
@@ -113,7 +121,7 @@ def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, q
     from flatbench.study.train import train_study
     from flatbench.train import resolve_device
 
-    study = study_from_target(config, overrides, out=out)
+    study = study_from_target(config, _with_workers(overrides, workers), out=out)
     check_study(study, _names(measures))
     if kw["executor"]:
         _submit(study, "run", kw, device, measures=_names(measures))
@@ -131,7 +139,7 @@ def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, q
 @click.argument("config")
 @study_options()
 def train(config: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-          shard: str | None, **kw: Any) -> None:
+          workers: int | None, shard: str | None, **kw: Any) -> None:
     """Train every unfinished run of a study: CONFIG [KEY=VALUE ...].
 
     Runs that differ only in seed and random labels train several at once on a GPU (train.vectorize).
@@ -141,7 +149,7 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
     from flatbench.study.train import train_study
     from flatbench.train import resolve_device
 
-    study = study_from_target(config, overrides, out=out)
+    study = study_from_target(config, _with_workers(overrides, workers), out=out)
     check_study(study)
     if kw["executor"]:
         _submit(study, "train", kw, device, shard)
@@ -156,13 +164,13 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
 @click.argument("target")
 @study_options(MEASURES, click.option("--force", is_flag=True, help="Recompute measures already in measures.json."))
 def measure(target: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-            shard: str | None, measures: str | None, force: bool, **kw: Any) -> None:
+            workers: int | None, shard: str | None, measures: str | None, force: bool, **kw: Any) -> None:
     """Compute measures on the trained runs of TARGET (an experiment folder or a config)."""
     from flatbench.study.measure import measure_study
     from flatbench.study.spec import check_study, parse_shard, study_from_target
     from flatbench.train import resolve_device
 
-    study = study_from_target(target, overrides, out=out)
+    study = study_from_target(target, _with_workers(overrides, workers), out=out)
     check_study(study, _names(measures))
     if not study.exp_dir.is_dir():
         raise FlatbenchError(f"experiment folder {study.exp_dir} does not exist: train the study first "

@@ -114,6 +114,9 @@ class TrainConfig:
     """torch.compile the training forward pass (pays off on CUDA for long runs; same math, other rounding)."""
     channels_last: bool = True
     """Conv nets on CUDA: channels_last memory format (faster convolutions); no effect elsewhere."""
+    workers: int = 1
+    """Train up to this many runs (or vectorized groups) at once, each in its own process on the same device
+    (the CPU's threads are divided among them); each run's files are those it gets when trained alone."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class MeasureConfig:
     (auto: on CUDA only, where it is 4-9x faster; on a CPU it is slower)."""
     snapshots: bool = True
     """Also measure the models kept at `train.snapshot_losses` (each level costs one more measure pass)."""
+    workers: int = 1
+    """Measure up to this many models at once, each in its own process on the same device (no grouped
+    Hessian diagonals then); each model's results are those it gets when measured alone."""
     snapshot_measures: tuple[str, ...] | None = None
     """The measures computed on the snapshots (default: the same as `measures`); e.g. only the curvature
     measures, whose dependence on the training endpoint the levels are meant to show."""
@@ -223,7 +229,7 @@ class Study:
 
 
 EXECUTION_ONLY_KEYS = frozenset({"data.root", "data.download", "train.eval_batch_size", "train.vectorize",
-                                 "train.compile", "train.channels_last"})
+                                 "train.compile", "train.channels_last", "train.workers"})
 """Fields that change where the data come from or how a run is executed, never the model it trains:
 not part of a run's identity (a run may be resumed or moved with other values)."""
 RUN_ID_HASH_CHARS = 8
@@ -465,7 +471,7 @@ def _validate_choices(run: RunConfig) -> None:
                               f"{', '.join(allowed)})")
     positive = {"train.lr": run.train.lr, "train.batch_size": run.train.batch_size,
                 "train.epochs": run.train.epochs, "train.eval_batch_size": run.train.eval_batch_size,
-                "train.eval_every": run.train.eval_every}
+                "train.eval_every": run.train.eval_every, "train.workers": run.train.workers}
     for where, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")
@@ -515,6 +521,8 @@ def _validate_measure(cfg: MeasureConfig) -> None:
         raise ConfigError(f"measure.dtype must be float64 or float32, got '{cfg.dtype}'")
     if cfg.group_runs not in ("auto", "on", "off"):
         raise ConfigError(f"measure.group_runs must be auto, on or off, got '{cfg.group_runs}'")
+    if cfg.workers < 1:
+        raise ConfigError(f"measure.workers must be at least 1, got {cfg.workers}")
     if cfg.n_examples is not None and cfg.n_examples <= 0:
         raise ConfigError(f"measure.n_examples must be positive, got {cfg.n_examples}")
     if cfg.normalized_ce_tau <= 0:

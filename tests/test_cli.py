@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import torch
 import pytest
 import yaml
 
@@ -260,3 +261,64 @@ def test_loss_target_snapshots_and_the_verdict_by_level(write_config, tmp_path):
 
     summary = write_report([exp], tmp_path / "r", max_train_loss=1e-3, n_boot=10, echo=lambda _m: None)
     assert any("ended above train loss 0.001" in w for w in summary.warnings)
+
+
+# ---------------------------------------------------------------- several runs at once (--workers)
+
+
+def _weights(run: Path) -> dict:
+    from flatbench.models import load_model
+
+    return {k: v.clone() for k, v in load_model(run).state_dict().items()}
+
+
+def test_workers_give_the_files_of_runs_trained_and_measured_alone(write_config, tmp_path):
+    """--workers 2: two runs at a time in worker processes, one CPU thread each; every run's weights and
+    measures equal those of the same run trained and measured alone with one thread."""
+    cfg = write_config({"measure": {"measures": ["frobenius_norm", "hessian_trace", "fisher_rao_norm"],
+                                    "n_examples": 100}})
+    alone = run_cli("run", str(cfg), "--out", str(tmp_path / "alone"), "--device", "cpu", "--quiet",
+                    env={"OMP_NUM_THREADS": "1"})
+    assert alone.returncode == 0, alone.stderr
+    pooled = run_cli("run", str(cfg), "--out", str(tmp_path / "pooled"), "--device", "cpu", "--workers", "2",
+                     env={"OMP_NUM_THREADS": "2"})
+    assert pooled.returncode == 0, pooled.stderr
+    assert "in 2 worker processes" in pooled.stdout
+    for rid in RUN_IDS:
+        a, b = (tmp_path / where / "tiny" / "runs" / rid for where in ("alone", "pooled"))
+        wa, wb = _weights(a), _weights(b)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), rid
+        ma, mb = (json.loads((p / "measures.json").read_text()) for p in (a, b))
+        assert {k: e["values"] for k, e in ma.items()} == {k: e["values"] for k, e in mb.items()}
+    assert json.loads((tmp_path / "pooled" / "tiny" / "runs" / RUN_IDS[0] / "run.json").read_text())["config"][
+        "train"]["workers"] == 2
+
+
+def test_a_stop_signal_reaches_every_worker(write_config, tmp_path):
+    """SIGTERM to `flatbench train --workers 2` (what Slurm sends before a preemption): the workers
+    checkpoint and stop, the command exits 143, and the same command resumes to the end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = write_config({"data": {"n_train": 2000, "random_label_ratio": [0.0, 1.0]}, "model": {"widths": [128]},
+                        "train": {"epochs": 30, "batch_size": 32}})
+    ids = parse_study(yaml.safe_load(cfg.read_text())).run_ids()
+    runs = tmp_path / "o" / "tiny" / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "flatbench", "train", str(cfg), "--out", str(tmp_path / "o"),
+                             "--device", "cpu", "--workers", "2", "--quiet"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "MPLBACKEND": "Agg"})
+    deadline = time.time() + 180
+    while time.time() < deadline and not all((runs / rid / "checkpoint.pt").exists() for rid in ids):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err
+    states = {rid: json.loads((runs / rid / "run.json").read_text())["status"] for rid in ids}
+    assert set(states.values()) == {"preempted"}, states
+    resumed = run_cli("train", str(cfg), "--out", str(tmp_path / "o"), "--device", "cpu", "--workers", "2",
+                      "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert all(json.loads((runs / rid / "run.json").read_text())["status"] == "finished" for rid in ids)

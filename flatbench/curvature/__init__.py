@@ -15,8 +15,8 @@ from flatbench.curvature.diagonal import (DiagonalResult, exact_applicable, hess
                                           per_layer_traces, register_piecewise_linear_container)
 from flatbench.curvature.group import group_hessian_diagonals, mlp_linears
 from flatbench.curvature.hvp import DEFAULT_HUTCHINSON_PROBES, hutchinson_trace, hvp
-from flatbench.curvature.lanczos import lanczos
+from flatbench.curvature.lanczos import lanczos, lanczos_operator
 
 __all__ = ["DEFAULT_HUTCHINSON_PROBES", "DiagonalResult", "exact_applicable", "group_hessian_diagonals",
-           "hessian_diagonal", "hutchinson_trace", "hvp", "lanczos", "logit_factors", "mlp_linears",
+           "hessian_diagonal", "hutchinson_trace", "hvp", "lanczos", "lanczos_operator", "logit_factors", "mlp_linears",
            "per_layer_traces", "register_piecewise_linear_container"]

@@ -16,20 +16,37 @@ from flatbench.curvature.hvp import hvp
 def lanczos(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *, k: int = 1,
             iters: int = 100, generator: torch.Generator, tol: float = 1e-6, chunk_size: int = 2000
             ) -> dict[str, Any]:
-    """The k largest (algebraic) eigenvalues of H by Lanczos with full reorthogonalization.
-
-    Stops when every wanted Ritz pair has residual ‖Hy − θy‖ = β_m |s_m| ≤ tol·max_i |θ_i| (an eigenvalue
-    lies within the residual of θ, and θ is within residual²/gap of it; the scale is the largest wanted
-    Ritz value, so for k = 1 the test is relative to λ_max itself), when the Krylov space is invariant
-    (the Ritz values are then exact), or after `iters` steps (at most the number of parameters); the
-    result says whether it converged. The Lanczos vectors are kept in float64
-    (memory iters × P × 8 bytes) so that reorthogonalization is exact to double precision; the HVPs run
-    in the model's dtype. Deterministic given the generator's state (one Gaussian start vector).
-    """
+    """The k largest (algebraic) eigenvalues of the Hessian of the loss over all parameters
+    (`lanczos_operator` on Hessian-vector products over the whole set in chunks); the HVPs run in the
+    model's dtype."""
     params = _params(model)
     names = list(params)
     size = sum(p.numel() for p in params.values())
     device = next(iter(params.values())).device
+
+    def matvec(v: Tensor) -> Tensor:
+        w = hvp(model, inputs, targets, loss, _unflatten(v, params), chunk_size=chunk_size)
+        return _flatten(w, names, torch.float64)
+
+    return lanczos_operator(matvec, size, device=device, k=k, iters=iters, generator=generator, tol=tol)
+
+
+def lanczos_operator(matvec: Callable[[Tensor], Tensor], size: int, *, device: torch.device | str = "cpu",
+                     k: int = 1, iters: int = 100, generator: torch.Generator, tol: float = 1e-6
+                     ) -> dict[str, Any]:
+    """The k largest (algebraic) eigenvalues of a symmetric operator (`matvec`: a float64 vector of `size`
+    entries to its image) by Lanczos with full reorthogonalization.
+
+    Stops when every wanted Ritz pair has residual ‖My − θy‖ = β_m |s_m| ≤ tol·max_i |θ_i| (an eigenvalue
+    lies within the residual of θ, and θ is within residual²/gap of it; the scale is the largest wanted
+    Ritz value, so for k = 1 the test is relative to λ_max itself), when the Krylov space is invariant
+    (the Ritz values are then exact), or after `iters` steps (at most `size`); the result says whether it
+    converged. The Lanczos vectors are kept in float64 (memory iters × size × 8 bytes) so that
+    reorthogonalization is exact to double precision. Deterministic given the generator's state (one
+    Gaussian start vector). Lanczos needs far fewer products than power iteration when the top eigenvalues
+    are close (its convergence depends on the gap relative to the spectrum's width, power iteration's on
+    the ratio λ₂/λ₁).
+    """
     steps = max(1, min(int(iters), size))
     k = max(1, min(int(k), size))
     q = torch.randn(size, generator=generator, device=generator.device, dtype=torch.float64).to(device)
@@ -51,8 +68,7 @@ def lanczos(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *
         basis[row] = vector
 
     for j in range(steps):
-        w = hvp(model, inputs, targets, loss, _unflatten(basis[j], params), chunk_size=chunk_size)
-        w = _flatten(w, names, torch.float64)
+        w = matvec(basis[j]).to(torch.float64)
         alpha = float(basis[j] @ w)
         alphas.append(alpha)
         q_mat = basis[:j + 1]

@@ -79,6 +79,33 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
             continue
         targets.extend(measure_targets(path, snapshots=study.measure.snapshots))
     plan = {target: names_for(target, chosen, study, names) for target in targets}
+
+    def count(target: Any, report: Any, seconds: float) -> None:
+        counts.measured += 1
+        counts.errors += report.errors
+        if report.damaged:
+            counts.damaged_files.append(report.damaged)
+        if report.failure:
+            counts.failed_runs[target.label] = report.failure
+        if quiet:
+            echo(f"{target.label}: {report.entries} measure entries ({seconds:.1f}s)"
+                 + (f"; FAILED: {report.failure}" if report.failure else ""))
+
+    if study.measure.workers > 1 and len(targets) > 1:
+        from flatbench.study.workers import run_jobs
+
+        if not quiet:
+            echo(f"measuring {len(targets)} models in {min(study.measure.workers, len(targets))} worker "
+                 f"processes on {device}")
+        def collect(job: tuple, result: tuple) -> None:
+            report, seconds, lines = result
+            for line in lines:
+                echo(line)
+            count(job[0], report, seconds)
+
+        run_jobs(_worker_measure, [(t, plan[t], study.measure, str(device), force, quiet) for t in targets],
+                 study.measure.workers, device, collect)
+        return counts
     bar = _MeasureBar(plan, study.measure, force) if show_progress(quiet) else None
     use_groups = study.measure.group_runs == "on" or (study.measure.group_runs == "auto" and device.type == "cuda")
     step = GROUP_SIZE if use_groups else 1
@@ -91,19 +118,23 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
                 report = measure_run(target, plan[target], study.measure, device, force=force,
                                      echo=None if quiet else (bar.write if bar else echo),
                                      ctx=contexts.pop(target, None), on_entry=bar.advance if bar else None)
-                counts.measured += 1
-                counts.errors += report.errors
-                if report.damaged:
-                    counts.damaged_files.append(report.damaged)
-                if report.failure:
-                    counts.failed_runs[target.label] = report.failure
-                if quiet:
-                    echo(f"{target.label}: {report.entries} measure entries ({time.perf_counter() - t0:.1f}s)"
-                         + (f"; FAILED: {report.failure}" if report.failure else ""))
+                count(target, report, time.perf_counter() - t0)
     finally:
         if bar is not None:
             bar.close()
     return counts
+
+
+def _worker_measure(target: Any, names: list[str], cfg: Any, device: str, force: bool, quiet: bool
+                    ) -> tuple[Any, float, list[str]]:
+    """A worker process's job: measure one model; returns its report, seconds and output lines (for the
+    parent to echo)."""
+    from flatbench.measures.runner import measure_run
+
+    lines: list[str] = []
+    t0 = time.perf_counter()
+    report = measure_run(target, names, cfg, torch.device(device), force=force, echo=None if quiet else lines.append)
+    return report, time.perf_counter() - t0, lines
 
 
 class _MeasureBar:

@@ -1,0 +1,80 @@
+"""Several runs at once on one device: a pool of worker processes, one run (or measure target) per job.
+
+Small models leave a device idle (a WRN-16-4 at batch 128 does not fill an H200; an MLP at batch 128 does
+not keep two CPU cores busy), so `train.workers: N` / `measure.workers: N` train or measure up to N runs
+concurrently, each in its own process on the same device. Each job runs exactly the code a run runs alone
+(`train.train_run`, `measures.runner.measure_run`), so its files are the same as when trained alone (on the
+CPU bit for bit when the thread count is the same; see README "Scale" for CUDA).
+
+Processes are started with `spawn` (a fork of a process holding torch's thread pools can deadlock). On the
+CPU each worker gets `torch.get_num_threads() // N` threads (at least one), so N workers share the cores
+instead of oversubscribing them. Stop signals (SIGTERM, SIGUSR1, SIGUSR2: what Slurm and submitit send
+before a preemption) are forwarded to the workers, which checkpoint and stop as a lone run does; the
+caller then raises `train.Preempted`. Ctrl-C reaches the workers through the terminal's process group.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any
+
+import torch
+
+from flatbench.train import STOP_SIGNALS
+
+
+def _init_worker(threads: int) -> None:
+    import warnings
+
+    torch.set_num_threads(max(1, threads))
+    warnings.filterwarnings("ignore", message=".*torch.jit.script.*is deprecated", category=FutureWarning)
+
+
+def threads_per_worker(workers: int, device: torch.device) -> int:
+    """CPU threads of each worker: the cores divided among the workers (a CUDA worker needs few)."""
+    total = torch.get_num_threads()
+    if torch.device(device).type == "cuda":
+        return max(1, min(2, total // max(1, workers)))
+    return max(1, total // max(1, workers))
+
+
+def run_jobs(fn: Callable[..., Any], jobs: Iterable[tuple], workers: int, device: torch.device,
+             on_result: Callable[[tuple, Any], None]) -> None:
+    """Run `fn(*job)` for every job in a pool of `workers` processes, calling `on_result(job, result)` in
+    this process as each finishes (in completion order). `fn` must be a module-level function and the
+    jobs picklable. An exception in a job is raised here after the pool is shut down."""
+    jobs = list(jobs)
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=ctx,
+                               initializer=_init_worker, initargs=(threads_per_worker(workers, device),))
+    forwarded: dict[int, Any] = {}
+
+    def forward(signum: int, _frame: Any) -> None:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            try:
+                os.kill(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            forwarded[sig] = signal.signal(sig, forward)
+    try:
+        pending: dict[Future, tuple] = {pool.submit(fn, *job): job for job in jobs}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                job = pending.pop(future)
+                on_result(job, future.result())
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        for sig, handler in forwarded.items():
+            signal.signal(sig, handler)
+    pool.shutdown(wait=True)
