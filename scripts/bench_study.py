@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbench.config import load_study  # noqa: E402
+from flatbench.errors import FlatbenchError  # noqa: E402
 from flatbench.store import MEASURES_JSON, list_run_dirs  # noqa: E402
 from flatbench.study.measure import measure_study  # noqa: E402
 from flatbench.study.report import report_study  # noqa: E402
@@ -66,8 +67,12 @@ def bench(config: str, overrides: list[str], device: torch.device, out: Path) ->
     counts = measure_study(study, device, quiet=True, echo=quiet)
     t_measure = time.perf_counter() - t0
     t0 = time.perf_counter()
-    report_study([study.exp_dir], echo=quiet, quiet=True)
-    t_report = time.perf_counter() - t0
+    try:
+        report_study([study.exp_dir], echo=quiet, quiet=True)
+        t_report = time.perf_counter() - t0
+    except FlatbenchError as exc:  # e.g. fewer than 3 runs: the other stages are still timed
+        print(f"report not written: {exc}")
+        t_report = float("nan")
     per_measure: dict[str, float] = defaultdict(float)
     for run in list_run_dirs(study.exp_dir):
         for path in [run / MEASURES_JSON, *run.glob(f"snapshots/*/{MEASURES_JSON}")]:
@@ -111,7 +116,7 @@ def main() -> None:
         ratio = (f" {results[0][stage] / results[1][stage]:.2f}x |" if min(results[0][stage], results[1][stage]) > 0.05
                  else " – |") if len(results) > 1 else ""
         print(f"| {stage} | " + " | ".join(cells) + " |" + ratio)
-    total = [sum(r[s] for s in ("data", "train", "measure", "report")) for r in results]
+    total = [sum(r[s] for s in ("data", "train", "measure", "report") if r[s] == r[s]) for r in results]
     print("| total | " + " | ".join(f"{t:.1f} | " for t in total) + "|"
           + (f" {total[0] / total[1]:.2f}x |" if len(results) > 1 else ""))
     print("\n| measure entry | seconds (all models) | per model |\n| --- | ---: | ---: |")

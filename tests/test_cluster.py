@@ -103,6 +103,24 @@ def test_local_executor_submits_returns_at_once_and_finishes(tmp_path):
         assert "frobenius_norm" in read_json(exp / "runs" / rid / "measures.json")
 
 
+def test_a_task_packs_its_runs_onto_its_device_with_workers(tmp_path):
+    """`--runs-per-task 2 --workers 2`: one array task trains its two runs at once in two worker
+    processes on its device (on a GPU node: two runs sharing the task's GPU), with the files of runs
+    trained alone."""
+    raw = dict(SWEEP4, name="packed", seed=0)
+    cfg = _write(tmp_path, raw)
+    result = run_cli("train", str(cfg), "--out", str(tmp_path / "out"), "--device", "cpu", "--executor", "local",
+                     "--runs-per-task", "2", "--workers", "2", "--time", "10", "--wait")
+    assert result.returncode == 0, result.stderr
+    assert "as 1 task(s)" in result.stdout and "all 1 task(s) finished" in result.stdout
+    exp = tmp_path / "out" / "packed"
+    (log,) = list((exp / "local").glob("*_log.out"))
+    text = log.read_text()
+    assert "training 2 runs in 2 worker processes" in text and "2 trained" in text
+    for rid in parse_study(raw).run_ids():
+        assert read_json(exp / "runs" / rid / "run.json")["status"] == "finished"
+
+
 def test_run_with_local_executor_trains_measures_and_reports(tmp_path):
     """`flatbench run --executor local --wait`: each task trains its run and then measures it; the report
     is written once every task has ended."""

@@ -122,9 +122,7 @@ def _train_in_workers(groups: list, study: Study, device: torch.device, workers:
     from flatbench.study.workers import run_jobs
     from flatbench.train import Preempted
 
-    if not quiet:
-        echo(f"training {sum(len(g) for g in groups)} runs in {min(workers, len(groups))} worker processes "
-             f"on {device}")
+    echo(f"training {sum(len(g) for g in groups)} runs in {min(workers, len(groups))} worker processes on {device}")
     stopped: dict[str, list[str]] = {}
 
     def collect(job: tuple, result: dict[str, list[str]]) -> None:
