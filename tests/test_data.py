@@ -112,6 +112,44 @@ def test_uniform_labels_nested_values_and_spread() -> None:
     assert 0.85 * 5000 < info["n_changed"] < 0.95 * 5000  # a draw keeps the true label 1 time in 10
 
 
+@pytest.mark.parametrize("ratio", [0.01, 0.3, 1.0])
+def test_uniform_scheme_redraws_every_chosen_label(ratio: float) -> None:
+    """With C = 10⁶ classes a uniform redraw keeps the true label with probability 10⁻⁶, so every one of the
+    k chosen labels must differ: a chosen position left un-redrawn (while the count still says k) shows
+    as n_changed < k."""
+    C, n = 10**6, 2000
+    y = torch.randint(C, (n,), generator=make_generator("test-labels-large-C", n))
+    new, mask, info = D.random_labels(y, ratio, C, seed=11)
+    k = round(ratio * n)
+    assert info["n_corrupted"] == int(mask.sum()) == k
+    assert bool((new[mask] != y[mask]).all()), "a chosen label was not redrawn"
+    assert info["n_changed"] == int((new != y).sum()) == k
+    assert torch.equal(new[~mask], y[~mask])
+
+
+@pytest.mark.parametrize("scheme", D.LABEL_SCHEMES)
+def test_random_labels_match_the_documented_generator(scheme: str) -> None:
+    """An explicit re-implementation: the first k of a permutation from the generator seeded by
+    ("labels", seed, scheme, n); uniform draws and wrong-label offsets tied to permutation positions (n
+    drawn, the first k used), shuffle a permutation of the subset's labels."""
+    C, n, ratio, seed = 10, 500, 0.4, 7
+    y = _labels(n, C)
+    k = round(ratio * n)
+    gen = make_generator("labels", seed, scheme, n)
+    chosen = torch.randperm(n, generator=gen)[:k]
+    expected = y.clone()
+    if scheme == "uniform":
+        expected[chosen] = torch.randint(C, (n,), generator=gen)[:k]
+    elif scheme == "wrong":
+        expected[chosen] = (y[chosen] + torch.randint(1, C, (n,), generator=gen)[:k]) % C
+    else:
+        expected[chosen] = y[chosen][torch.randperm(k, generator=gen)]
+    new, mask, info = D.random_labels(y, ratio, C, seed=seed, scheme=scheme)
+    assert torch.equal(new, expected)
+    assert torch.equal(torch.nonzero(mask).flatten(), torch.sort(chosen).values)
+    assert info["n_changed"] == int((expected != y).sum())
+
+
 def test_wrong_scheme_always_changes() -> None:
     y = _labels(3000)
     new, mask, info = D.random_labels(y, 0.6, 10, seed=0, scheme="wrong")

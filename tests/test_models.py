@@ -112,3 +112,58 @@ def test_registry() -> None:
         build_model(ModelConfig(name="resnet50"), (3, 32, 32), 10)
     with pytest.raises(ValueError, match="already registered"):
         register_model("mlp")(MODELS["mlp"])
+
+
+def test_mlp_and_lenet_compute_what_they_say() -> None:
+    """The forward passes by hand (the shape tests above check only shapes): MLP = Linear/ReLU chain on the
+    flattened input, LeNet-5 = padded conv → ReLU → max-pool twice, then three Linear layers."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 1, 28, 28, dtype=torch.float64)
+    mlp = build_model(ModelConfig(name="mlp", widths=(7, 5)), (1, 28, 28), 10).double().eval()
+    lin = weight_layers(mlp)
+    h = x.flatten(1)
+    for layer in lin[:-1]:
+        h = torch.relu(h @ layer.weight.T + layer.bias)
+    torch.testing.assert_close(mlp(x), h @ lin[-1].weight.T + lin[-1].bias, rtol=1e-12, atol=1e-12)
+
+    lenet = build_model(ModelConfig(name="lenet"), (1, 28, 28), 10).double().eval()
+    c1, c2, f1, f2, f3 = weight_layers(lenet)
+    h = F.max_pool2d(torch.relu(F.conv2d(x, c1.weight, c1.bias, padding=2)), 2)
+    h = F.max_pool2d(torch.relu(F.conv2d(h, c2.weight, c2.bias)), 2).flatten(1)
+    h = torch.relu(F.linear(torch.relu(F.linear(h, f1.weight, f1.bias)), f2.weight, f2.bias))
+    torch.testing.assert_close(lenet(x), F.linear(h, f3.weight, f3.bias), rtol=1e-12, atol=1e-12)
+
+
+def test_wrn_block_is_pre_activation_with_the_documented_shortcut() -> None:
+    """One WRN block by hand: BN-ReLU-conv(stride)-BN-ReLU-conv plus a 1×1 conv of the pre-activated input
+    where the shape changes, the raw input where it does not; global average pooling before the classifier."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="wrn", depth=10, width=1), (1, 8, 8), 10).double().eval()
+    with torch.no_grad():  # running statistics away from 0 / 1, so BatchNorm is not the identity
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    x = torch.randn(2, 1, 8, 8, dtype=torch.float64)
+
+    def bn(m: nn.BatchNorm2d, h: torch.Tensor) -> torch.Tensor:
+        shape = (1, -1, 1, 1)
+        return ((h - m.running_mean.view(shape)) / torch.sqrt(m.running_var.view(shape) + m.eps)
+                * m.weight.view(shape) + m.bias.view(shape))
+
+    h = F.conv2d(x, model.stem.weight, padding=1)
+    for block in model.blocks:
+        act = torch.relu(bn(block.bn1, h))
+        out = F.conv2d(act, block.conv1.weight, stride=block.conv1.stride, padding=1)
+        out = F.conv2d(torch.relu(bn(block.bn2, out)), block.conv2.weight, padding=1)
+        skip = h if block.shortcut is None else F.conv2d(act, block.shortcut.weight, stride=block.shortcut.stride)
+        h = out + skip
+    logits = F.linear(torch.relu(bn(model.bn, h)).mean(dim=(2, 3)), model.fc.weight, model.fc.bias)
+    assert [b.shortcut is None for b in model.blocks] == [True, False, False]
+    torch.testing.assert_close(model(x), logits, rtol=1e-12, atol=1e-12)

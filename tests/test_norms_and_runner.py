@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from cases import case, context
 from torch import nn
 
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, all_measures
 from flatbench.measures.runner import compute_entry
-
 
 
 def _ctx(model: nn.Module, inputs: torch.Tensor) -> MeasureContext:
@@ -25,6 +25,7 @@ def _spec(name):
 
 
 def _mlp(bias: bool) -> nn.Sequential:
+    """A net small enough to enumerate its paths by hand (special-purpose, not a catalogue case)."""
     torch.manual_seed(0)
     return _double(nn.Sequential(nn.Flatten(), nn.Linear(4, 5, bias=bias), nn.ReLU(), nn.Linear(5, 3, bias=bias),
                          nn.ReLU(), nn.Linear(3, 3, bias=bias)))
@@ -34,14 +35,20 @@ def _double(model: nn.Module) -> nn.Module:
     return model.double()
 
 
-def test_frobenius_sum_and_product():
-    model = _mlp(True)
-    ctx = _ctx(model, torch.randn(2, 4, dtype=torch.float64))
-    weights = [m.weight for m in model if isinstance(m, nn.Linear)]
-    out = _spec("frobenius_norm").fn(ctx)
-    assert out.values["frobenius_norm"] == pytest.approx(sum(float(w.pow(2).sum()) for w in weights))
-    prod = _spec("frobenius_norm_product").fn(ctx).values["frobenius_norm_product"]
-    assert prod == pytest.approx(sum(math.log(float(w.pow(2).sum())) for w in weights))
+@pytest.mark.parametrize("name", ["mlp", "lenet", "wrn"])
+def test_frobenius_sum_and_product(name):
+    """Σ_l ‖W_l‖_F² and Σ_l log ‖W_l‖_F² over every Linear / Conv2d weight (biases and BatchNorm excluded),
+    entry by entry in Python floats."""
+    model = case(name).model
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    squares = {n: math.fsum(v * v for v in m.weight.detach().flatten().tolist()) for n, m in layers}
+    out = _spec("frobenius_norm").fn(context(name))
+    assert out.values["frobenius_norm"] == pytest.approx(math.fsum(squares.values()), rel=1e-12)
+    for n, sq in squares.items():
+        assert out.values[f"frobenius_norm/{n}"] == pytest.approx(sq, rel=1e-12)
+    assert set(out.values) == {"frobenius_norm"} | {f"frobenius_norm/{n}" for n in squares}
+    prod = _spec("frobenius_norm_product").fn(context(name)).values["frobenius_norm_product"]
+    assert prod == pytest.approx(math.fsum(math.log(sq) for sq in squares.values()), rel=1e-12)
 
 
 def test_spectral_norm_of_conv_matches_the_explicit_operator():
@@ -118,7 +125,7 @@ def _local_spec(name, fn, uses_loss=False):
 
 
 def test_runner_records_errors_not_applicable_and_loss_suffixes():
-    ctx = _ctx(_mlp(True), torch.randn(4, 4, dtype=torch.float64))
+    ctx = context("mlp")
     err = compute_entry(ctx, _local_spec("_test_failing", _failing), {}, None)
     assert err["status"] == "error" and "broken on purpose" in err["error"] and err["seconds"] >= 0
     na = compute_entry(ctx, _local_spec("_test_not_applicable", _never), {}, None)

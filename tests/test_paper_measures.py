@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
-import time
 
 import numpy as np
 import pytest
 import torch
+from cases import case
 from scipy.optimize import minimize
 from torch import nn
 
@@ -17,11 +18,14 @@ from flatbench.losses import get_loss
 from flatbench.measures import NotApplicable, all_measures
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.minimum_sharpness import solve_minimum_sharpness
-from flatbench.measures.normalized import (lower_bound, matrix_normalized, reduce_layer,
-                                           solve_normalized_sharpness)
+from flatbench.measures.normalized import (
+    lower_bound,
+    matrix_normalized,
+    reduce_layer,
+    solve_normalized_sharpness,
+)
 from flatbench.measures.psi import basis_paths, rebuild
-from flatbench.models import MLP, LeNet5, WideResNet
-
+from flatbench.models import MLP
 
 # ---------------------------------------------------------------- helpers
 
@@ -50,17 +54,6 @@ def _random_problem(out_n: int, in_n: int, seed: int) -> tuple[torch.Tensor, tor
     return h, w.pow(2)
 
 
-def _trained(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 40) -> nn.Module:
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    model.train()
-    for _ in range(steps):
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
-
-
 def _data(n: int, shape: tuple[int, ...], classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn((n, *shape), generator=gen, dtype=torch.float64)
@@ -74,18 +67,26 @@ def _run(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: st
     return spec.fn(ctx.for_measure(name, dict(spec.defaults), loss_name=loss))
 
 
+def _case(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    c = case(name)
+    return c.model, c.inputs, c.targets
+
+
 @pytest.fixture(scope="module")
 def tiny_mlp() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(0)
-    x, y = _data(96, (20,), 4)
-    return _trained(MLP(20, (12, 12), 4).double(), x, y), x, y
+    """The catalogue's MLP with biases (hidden layers '1', '3', output '5')."""
+    return _case("mlp")
 
 
 @pytest.fixture(scope="module")
 def tiny_mlp_nobias() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(1)
-    x, y = _data(96, (20,), 4)
-    return _trained(MLP(20, (10, 10), 4, bias=False).double(), x, y), x, y
+    return _case("mlp_nobias")
+
+
+@pytest.fixture(scope="module")
+def psi_mlp() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The catalogue's bias-free MLP with equal hidden widths (the psi measures' domain)."""
+    return _case("mlp_psi")
 
 
 # ---------------------------------------------------------------- normalized sharpness: the solver
@@ -144,15 +145,22 @@ def test_dead_units_are_clamped_and_counted() -> None:
     assert empty.value == 0.0 and empty.dead_rows == 3
 
 
-def test_solver_speed_lenet_sized_layers() -> None:
-    timings = {}
-    for shape in [(120, 400), (84, 120), (16, 6), (10, 84)]:
-        h, q = _random_problem(*shape, 0)
-        t0 = time.perf_counter()
-        res = solve_normalized_sharpness(h, q)
-        timings[shape] = time.perf_counter() - t0
-        assert res.converged
-    assert sum(timings.values()) < 1.0, timings
+@pytest.mark.parametrize("shape", [(120, 400), (84, 120), (16, 6), (10, 84)])
+def test_solver_on_lenet_sized_layers(shape: tuple[int, int]) -> None:
+    """Converged to its tolerances, between the closed-form bounds, and stationary: no coordinate step
+    of the alternating minimization (closed form per row / column) lowers the value. The solver's speed
+    on these shapes is measured by scripts/bench_solvers.py, outside the suite."""
+    h, q = _random_problem(*shape, 0)
+    res = solve_normalized_sharpness(h, q)
+    assert res.converged and res.rel_change <= 1e-10 and res.kkt_residual <= 1e-10
+    assert lower_bound(h, q) <= res.value * (1 + 1e-12) and res.value <= matrix_normalized(h, q) * (1 + 1e-12)
+    s, t = res.sigma, res.sigma_prime
+    value_at = float(s @ h @ t + (1 / s) @ q @ (1 / t))
+    assert value_at == pytest.approx(res.value, rel=1e-12)
+    # one exact block step: σ_i ← sqrt((Q 1/σ')_i / (H σ')_i) minimizes over σ with σ' fixed
+    s_step = torch.sqrt((q @ (1 / t)) / (h @ t))
+    stepped = float(s_step @ h @ t + (1 / s_step) @ q @ (1 / t))
+    assert stepped >= res.value * (1 - 1e-9)
 
 
 def test_conv_layers_reduce_over_spatial_axes() -> None:
@@ -275,15 +283,10 @@ def test_minimum_sharpness_measure_closed_form_without_biases(tiny_mlp_nobias) -
     assert out.values["minimum_sharpness"] == pytest.approx(3 * math.prod(tw) ** (1 / 3), rel=1e-12)
 
 
-def test_minimum_sharpness_not_applicable_with_batchnorm() -> None:
-    x, y = _data(16, (10,), 3)
-    bn_mlp = MLP(10, (6,), 3, batch_norm=True).double().eval()
-    with pytest.raises(NotApplicable, match="BatchNorm"):
-        _run("minimum_sharpness", bn_mlp, x, y)
-    xw, yw = _data(4, (3, 8, 8), 10)
-    wrn = WideResNet(3, 10, depth=10, width=1).double().eval()
-    with pytest.raises(NotApplicable, match="BatchNorm"):
-        _run("minimum_sharpness", wrn, xw, yw)
+@pytest.mark.parametrize("name", ["mlp_bn", "wrn"])
+def test_minimum_sharpness_not_applicable_with_batchnorm(name: str) -> None:
+    with pytest.raises(NotApplicable, match="BatchNorm follows a weight layer"):
+        _run("minimum_sharpness", *_case(name))
 
 
 # ---------------------------------------------------------------- PSI-flatness and basis paths
@@ -298,12 +301,14 @@ def test_basis_path_count_is_m_minus_h() -> None:
         assert paths.flat().numel() == m - sum(widths)
 
 
-def test_network_rebuilt_from_basis_path_values_has_the_same_logits(tiny_mlp_nobias) -> None:
-    model, x, _ = tiny_mlp_nobias
+def test_network_rebuilt_from_basis_path_values_has_the_same_logits(psi_mlp) -> None:
+    model, x, _ = psi_mlp
     paths = basis_paths(model)
     weights = rebuild(paths.chain_values, paths.values, paths.signs, paths.shapes)
-    clone = MLP(20, (10, 10), 4, bias=False).double().eval()
+    clone = copy.deepcopy(model)
     with torch.no_grad():
+        for p in clone.parameters():
+            p.zero_()
         for name, w in zip(paths.names, weights):
             clone.get_submodule(name).weight.copy_(w)
         assert torch.allclose(clone(x), model(x), rtol=1e-10, atol=1e-12)
@@ -311,17 +316,16 @@ def test_network_rebuilt_from_basis_path_values_has_the_same_logits(tiny_mlp_nob
     again = basis_paths(clone)
     assert torch.allclose(again.flat(), paths.flat(), rtol=1e-12, atol=0)
     r, c = paths.skeleton[0]
+    width = clone.get_submodule(paths.names[0]).out_features
     assert torch.equal(clone.get_submodule(paths.names[0]).weight[r, c].abs().detach(),
-                       torch.ones(10, dtype=torch.float64))
+                       torch.ones(width, dtype=torch.float64))
     # and the basis values are unchanged by node-wise rescaling
     scaled = rescale.transform(model, "node", torch.Generator().manual_seed(0))
     assert torch.allclose(basis_paths(scaled).flat(), paths.flat(), rtol=1e-10, atol=0)
 
 
-def test_psi_flatness_equals_autograd_through_the_basis_map() -> None:
-    torch.manual_seed(3)
-    x, y = _data(40, (6,), 3, seed=3)
-    model = _trained(MLP(6, (4, 4), 3, bias=False).double(), x, y, steps=30)
+def test_psi_flatness_equals_autograd_through_the_basis_map(psi_mlp) -> None:
+    model, x, y = psi_mlp
     paths = basis_paths(model)
     h = paths.chain_values.numel()
     flat = paths.flat()
@@ -346,18 +350,21 @@ def test_psi_flatness_equals_autograd_through_the_basis_map() -> None:
     assert ratio.info["basis_paths"] == flat.numel()
 
 
-@pytest.mark.parametrize("case", ["bias", "batch_norm", "unequal_widths", "lenet", "wrn", "no_hidden"])
-def test_psi_not_applicable_says_why(case: str) -> None:
-    x, y = _data(8, (1, 28, 28) if case == "lenet" else (3, 8, 8) if case == "wrn" else (5,), 3)
-    model = {
-        "bias": lambda: MLP(5, (4,), 3),
-        "batch_norm": lambda: MLP(5, (4,), 3, bias=False, batch_norm=True),
-        "unequal_widths": lambda: MLP(5, (4, 6), 3, bias=False),
-        "lenet": lambda: LeNet5(1, 28, 3),
-        "wrn": lambda: WideResNet(3, 3, depth=10, width=1),
-        "no_hidden": lambda: MLP(5, (), 3, bias=False),
-    }[case]().double().eval()
+PSI_NOT_APPLICABLE = {  # model: a part of the reason both psi measures must give
+    "mlp": "has a bias", "mlp_nobias": "needs equal hidden widths, got [16, 12]", "lenet": "'0' is a Conv2d",
+    "wrn": "WideResNet is not a plain Sequential MLP", "batch_norm": "'2' is a BatchNorm1d",
+    "no_hidden": "needs at least one hidden layer"}
+
+
+@pytest.mark.parametrize("which", list(PSI_NOT_APPLICABLE))
+def test_psi_not_applicable_says_why(which: str) -> None:
+    if which in ("batch_norm", "no_hidden"):  # structures the catalogue has no case for
+        model = {"batch_norm": lambda: MLP(5, (4, 4), 3, bias=False, batch_norm=True),
+                 "no_hidden": lambda: MLP(5, (), 3, bias=False)}[which]().double().eval()
+        x, y = _data(8, (5,), 3)
+    else:
+        model, x, y = _case(which)
     for name in ("psi_flatness", "psi_path_ratio"):
         with pytest.raises(NotApplicable) as exc:
             _run(name, model, x, y)
-        assert str(exc.value)
+        assert PSI_NOT_APPLICABLE[which] in str(exc.value), str(exc.value)

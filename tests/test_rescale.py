@@ -4,54 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import CASES, FAMILIES_OF, case
 from torch import nn
 
 from flatbench import rescale
-from flatbench.models import MLP, LeNet5, WideResNet
-
-
-def _randomize_batchnorm(model: nn.Module, x: torch.Tensor) -> None:
-    """Non-trivial running statistics and affine parameters, then eval mode."""
-    model.train()
-    with torch.no_grad():
-        model(x)
-        gen = torch.Generator().manual_seed(7)
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=gen, dtype=m.weight.dtype))
-                m.bias.copy_(torch.randn(m.bias.shape, generator=gen, dtype=m.bias.dtype))
-                spread = torch.rand(m.running_var.shape, generator=gen, dtype=m.running_var.dtype)
-                m.running_var.mul_(spread + 0.01)
-    model.eval()
 
 
 def _build(name: str) -> tuple[nn.Module, torch.Tensor]:
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1)
-    if name == "mlp":
-        model, shape = MLP(49, (12, 8), 5), (1, 7, 7)
-    elif name == "mlp_nobias":
-        model, shape = MLP(49, (12, 8), 5, bias=False), (1, 7, 7)
-    elif name == "mlp_bn":
-        model, shape = MLP(49, (12, 8), 5, batch_norm=True), (1, 7, 7)
-    elif name == "lenet":
-        model, shape = LeNet5(1, 28, 10), (1, 28, 28)
-    else:
-        model, shape = WideResNet(3, 10, depth=10, width=2), (3, 8, 8)
-    model = model.double()
-    x = torch.randn((16, *shape), generator=gen, dtype=torch.float64)
-    _randomize_batchnorm(model, x)
-    return model, x
+    """A catalogue case (tests/cases.py: trained, float64, eval mode) and its inputs. Not to be modified."""
+    c = case(name)
+    return c.model, c.inputs
 
 
-MODELS = ("mlp", "mlp_nobias", "mlp_bn", "lenet", "wrn")
-APPLICABLE = {  # which families each model supports (the others must say why not)
-    "mlp": {"layer", "node", "logit_scale"},
-    "mlp_nobias": {"layer", "node", "logit_scale"},
-    "mlp_bn": {"layer", "node", "bn", "logit_scale"},
-    "lenet": {"layer", "node", "logit_scale"},
-    "wrn": {"layer", "node", "bn", "logit_scale"},
-}
+MODELS = CASES
+APPLICABLE = FAMILIES_OF  # which families each case supports (the others must say why not)
 
 
 @pytest.mark.parametrize("model_name", MODELS)

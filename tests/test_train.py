@@ -220,3 +220,61 @@ def test_run_lock_excludes_a_second_holder_and_takes_over_stale_locks(tmp_path):
     (tmp_path / ".lock").write_text(f"{socket.gethostname()} {dead.pid}\n")
     with RunLock(tmp_path) as lock:
         assert lock.held
+
+
+def test_preempted_run_resumes_with_its_schedule_bit_for_bit(tmp_path, monkeypatch):
+    """train_run stopped by Preempted right after the epoch-2 checkpoint, then resumed, ends with exactly
+    the weights and learning rates of an uninterrupted run: the checkpoint restores the cosine schedule
+    (with a fresh schedule the resumed epochs would run at other learning rates)."""
+    import math
+
+    import flatbench.train as train_mod
+    from flatbench.train import Preempted
+
+    rid, cfg = _tiny_run(epochs=4, optimizer="sgd", lr=0.05, schedule="cosine")
+    original = train_mod._write_checkpoint
+
+    def write_then_preempt(path, model, opt, sched, epoch, *args, **kwargs):
+        original(path, model, opt, sched, epoch, *args, **kwargs)
+        if epoch == 2:
+            raise Preempted("test: preempted after epoch 2")
+
+    monkeypatch.setattr(train_mod, "_write_checkpoint", write_then_preempt)
+    with pytest.raises(Preempted):
+        _train(rid, cfg, tmp_path / "resumed")
+    info = read_json(tmp_path / "resumed" / rid / "run.json")
+    assert info["status"] == "preempted" and [h["epoch"] for h in info["history"]] == [1, 2]
+    monkeypatch.undo()
+    resumed = _train(rid, cfg, tmp_path / "resumed")
+    straight = _train(rid, cfg, tmp_path / "straight")
+    a, b = _weights(tmp_path / "resumed" / rid), _weights(tmp_path / "straight" / rid)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    lrs = [h["lr"] for h in resumed["history"]]
+    assert lrs == [h["lr"] for h in straight["history"]]
+    # the lr recorded after epoch e: 0.05 · (1 + cos(π e / 4)) / 2
+    assert lrs == pytest.approx([0.05 * (1 + math.cos(math.pi * e / 4)) / 2 for e in (1, 2, 3, 4)], rel=1e-12)
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3, 4]
+
+
+def test_snapshot_models_reproduce_their_recorded_losses(tmp_path):
+    """A snapshot's model.pt is the model of the epoch it names: evaluated again, it gives the training and
+    test loss and accuracy its snapshot.json records (and differs from the final model)."""
+    from flatbench.data import load_dataset
+    from flatbench.train import evaluate
+
+    rid, cfg = _tiny_run(epochs=3, lr=0.003, snapshot_losses=[2.15])
+    info = _train(rid, cfg, tmp_path)
+    (snap,) = info["snapshots"]
+    evals = [h["eval_train_loss"] for h in info["history"]]
+    assert snap["epoch"] == 1 + next(i for i, loss in enumerate(evals) if loss <= 2.15)
+    assert snap["epoch"] < 3, "the level should be reached before the last epoch"
+    ds = load_dataset(cfg.data, cfg.seed)
+    model = load_model(tmp_path / rid, model_file=tmp_path / rid / snap["path"] / "model.pt",
+                       sha256=snap["model_sha256"])
+    bs = cfg.train.eval_batch_size
+    assert evaluate(model, ds.x_train, ds.y_train, bs) == pytest.approx((snap["train_loss"], snap["train_acc"]),
+                                                                        rel=1e-12)
+    assert evaluate(model, ds.x_test, ds.y_test, bs) == pytest.approx((snap["test_loss"], snap["test_acc"]),
+                                                                      rel=1e-12)
+    final = _weights(tmp_path / rid)
+    assert not all(torch.equal(final[k], v) for k, v in model.state_dict().items())

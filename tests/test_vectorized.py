@@ -114,11 +114,24 @@ def test_a_preempted_group_resumes_one_run_at_a_time_to_the_same_weights(tmp_pat
 
 
 def test_bf16_autocast_trains_alone_and_in_a_group(tmp_path):
+    """bf16 autocast is really on: the weights differ from fp32 training of the same runs (bf16 rounds the
+    forward pass to 8 significant bits), yet stay close (the same data order, init and optimizer)."""
+    fp32 = _study(tmp_path, "fp32", "off", epochs=1)
+    _train(fp32)
     for name, vectorize in (("seq", "off"), ("vec", 4)):
         study = _study(tmp_path, name, vectorize, precision="bf16", epochs=1)
         assert len(_train(study)["trained"]) == 4
         info = read_json(study.exp_dir / "runs" / study.run_ids()[0] / "run.json")
         assert info["status"] == "finished" and info["history"][0]["train_loss"] < 3.0
+        twin = {(c.seed, c.data.random_label_ratio): rid for rid, c in fp32.runs}
+        for rid_bf16, cfg in study.runs:
+            rid_fp32 = twin[(cfg.seed, cfg.data.random_label_ratio)]
+            a = load_model(study.exp_dir / "runs" / rid_bf16).state_dict()
+            b = load_model(fp32.exp_dir / "runs" / rid_fp32).state_dict()
+            assert all(a[k].dtype == torch.float32 for k in a), "weights stay fp32 under autocast"
+            diff = torch.cat([(a[k] - b[k]).flatten() for k in a]).norm()
+            rel = float(diff / torch.cat([b[k].flatten() for k in b]).norm())
+            assert 1e-6 < rel < 1e-1, f"{name} {rid_bf16}: bf16 vs fp32 weights differ by {rel:.2e} relative"
 
 
 @pytest.mark.slow

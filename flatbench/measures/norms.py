@@ -1,8 +1,14 @@
 """Norm-based baselines: Frobenius (sum and product), spectral (product), path norm.
 
-These are the classic scale-dependent complexity measures (Jiang et al. 2020's "norm" family). They are
-not invariant to any function-preserving rescaling: a layer rescaling by α and 1/α changes every one of
-them, which is exactly what the invariance test matrix demonstrates.
+These are the classic scale-dependent complexity measures (Jiang et al. 2020's "norm" family). None
+declares an invariance except the path norm, and the invariance test matrix shows each undeclared family
+changing them. The two product forms (`frobenius_norm_product`, `spectral_norm`, logs of Π_l ‖W_l‖²) are
+nevertheless unchanged by a `layer` rescaling of a net **without BatchNorm**: it multiplies one weight
+layer by α and the next by 1/α (and scales biases, which they ignore), so the product stays. They do not
+declare `layer`, because a declaration holds for every architecture: with BatchNorm the `layer` family
+puts α into the BatchNorm's affine parameters, which these norms do not see, and 1/α into the next weight
+layer, so the product moves (as it does under `bn`, `node` and `logit_scale` everywhere). The test suite
+checks both halves (tests/test_invariance.py).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
 @register_measure("frobenius_norm_product", description="log Π_l ‖W_l‖_F² (the product form, as a log)",
                   cost="cheap")
 def frobenius_norm_product(ctx: MeasureContext) -> MeasureOutput:
+    """Σ_l log ‖W_l‖_F². Unchanged by `layer` rescaling on nets without BatchNorm only (see the module
+    docstring), hence no declared invariance."""
     logs = [math.log(float(l.module.weight.detach().double().pow(2).sum())) for l in _layers(ctx)]
     return MeasureOutput({"frobenius_norm_product": sum(logs)})
 
@@ -65,6 +73,9 @@ def _operator_norm(layer, iters: int, tol: float, gen: torch.Generator) -> tuple
 @register_measure("spectral_norm", description="log Π_l ‖W_l‖_2² (conv layers: power iteration on the "
                   "convolution operator)", cost="cheap", defaults={"iters": 500, "tol": 1e-7})
 def spectral_norm(ctx: MeasureContext) -> MeasureOutput:
+    """Σ_l log ‖W_l‖_2² (a conv layer's operator norm by power iteration from a seeded start, so a scaled
+    layer gives the scaled norm to rounding). Unchanged by `layer` rescaling on nets without BatchNorm
+    only (see the module docstring), hence no declared invariance."""
     gen = ctx.generator()
     values, iters = {}, {}
     for layer in _layers(ctx):
