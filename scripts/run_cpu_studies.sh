@@ -22,5 +22,9 @@ for s in "${studies[@]}"; do
   }
   run flatbench run "configs/cpu/$s.yaml" --out results/cpu --quiet > "results/cpu/$s/run.log" 2>&1
   run flatbench audit "results/cpu/$s" --population --family node > "results/cpu/$s/audit.log" 2>&1
+  if [ "$s" = ibayashi_mnist ]; then  # minimum sharpness declares layer-wise invariance only
+    run flatbench audit "results/cpu/$s" --population --family layer --out "results/cpu/$s/audit_layer" \
+      > "results/cpu/$s/audit_layer.log" 2>&1
+  fi
   cat "$log"
 done
