@@ -78,7 +78,8 @@ def audit(exp: Path) -> str:
     if not path.is_file():
         return ""
     frame = pd.read_csv(path)
-    lines = ["| measure | n | τ before | τ after | Δτ | median relative change | declared node-invariant |",
+    family = "/".join(sorted(set(frame["family"].astype(str)))) if "family" in frame else "node"
+    lines = [f"| measure | n | τ before | τ after | Δτ | median relative change | declared {family}-invariant |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in frame.to_dict(orient="records"):
         rel = float(r["median_rel_change"])
@@ -191,10 +192,10 @@ def solvers(exp: Path) -> str:
         entry = r.measures.get(key, {})
         return float(entry.get("values", {}).get(key, math.nan)) if entry.get("status") == "ok" else math.nan
 
-    lines = [f"The shared exact Hessian diagonal (the time of `hessian_trace`, which computes it): "
-             f"{seconds('hessian_trace'):.2f} s per model.", "",
-             "| measure | τ exact solver | τ published solver | published / exact (median) | s per model exact | "
-             "s per model published |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [(f"The shared exact Hessian diagonal (the time of `hessian_trace`, which computes it): "
+             f"{seconds('hessian_trace'):.2f} s per model."), "",
+             ("| measure | τ exact solver | τ published solver | published / exact (median) | s per model exact | "
+             "s per model published |"), "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for exact in ("minimum_sharpness", "normalized_sharpness", "normalized_sharpness_nce"):
         published = exact + ":published"
         if published not in corr.index or not math.isfinite(float(corr.loc[exact, "kendall_tau"])):
@@ -219,6 +220,42 @@ def walltime(exp: Path) -> str:
     return "| command | wall time |\n| --- | ---: |\n" + "\n".join(rows)
 
 
+def summary(cpu: Path) -> str:
+    """One row per measure, one column per study: τ with the gap (bold where the measure is in the study's
+    best group: best or indistinguishable from it), whether the measure is declared node-invariant, and the
+    largest |Δτ| the population audits measured under a random node-wise rescaling."""
+    studies = sorted(p.parent for p in cpu.glob("*/correlations.csv"))
+    taus: dict[str, dict[str, str]] = {}
+    means: dict[str, list[float]] = {}
+    declared: dict[str, bool] = {}
+    shift: dict[str, float] = {}
+    for exp in studies:
+        for r in pd.read_csv(exp / "correlations.csv").to_dict(orient="records"):
+            tau = float(r["kendall_tau"])
+            if not math.isfinite(tau):
+                continue
+            best = str(r.get("vs_best")) in ("best", "indistinguishable")
+            taus.setdefault(r["measure"], {})[exp.name] = f"**{tau:.2f}**" if best else f"{tau:.2f}"
+            means.setdefault(r["measure"], []).append(tau)
+        audit_path = exp / "audit_correlations.csv"
+        if audit_path.is_file():
+            for r in pd.read_csv(audit_path).to_dict(orient="records"):
+                declared[r["measure"]] = bool(r["declared_invariant"])
+                d = float(r["delta"])
+                if math.isfinite(d):
+                    shift[r["measure"]] = max(shift.get(r["measure"], 0.0), abs(d))
+    header = "| measure | " + " | ".join(f"`{e.name}`" for e in studies) + \
+        " | mean τ | declared node-invariant | largest \\|Δτ\\| under node rescaling |"
+    lines = [header, "| --- | " + " | ".join("---:" for _ in studies) + " | ---: | --- | ---: |"]
+    for m in sorted(means, key=lambda k: -sum(means[k]) / len(means[k])):
+        cells = [taus[m].get(e.name, "n/a") for e in studies]
+        mean = sum(means[m]) / len(means[m])
+        inv = "n/a" if m not in declared else ("yes" if declared[m] else "no")
+        lines.append(f"| `{m}` | " + " | ".join(cells) + f" | {mean:.2f} | {inv} | "
+                     f"{f(shift[m]) if m in shift else 'n/a'} |")
+    return "\n".join(lines)
+
+
 SECTIONS = {"walltime": walltime, "endpoint": endpoint, "ranking": ranking, "by_model": by_model, "levels": levels,
             "levels_by_model": levels_by_model, "solvers": solvers, "audit": audit}
 
@@ -231,10 +268,14 @@ def update(path: Path) -> None:
 
     def fill(match: re.Match) -> str:
         study, section = match.group(1), match.group(2)
+        if section == "summary":  # across every committed study
+            return f"<!-- table: {study} {section} -->\n{summary(root / 'cpu')}\n<!-- end -->"
+        if not (root / "cpu" / study).is_dir():  # not produced yet: keep the block as it is
+            return match.group(0)
         return f"<!-- table: {study} {section} -->\n{SECTIONS[section](root / 'cpu' / study)}\n<!-- end -->"
 
     text = path.read_text()
-    new = re.sub(r"<!-- table: (\S+) (\S+) -->\n.*?<!-- end -->", fill, text, flags=re.S)
+    new = re.sub(r"<!-- table: (\S+) (\S+) -->\n.*?<!-- end -->", fill, text, flags=re.DOTALL)
     path.write_text(new)
 
 
