@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 
@@ -267,6 +268,22 @@ def test_pacbayes_sigma_meets_target_with_fresh_samples(name, trained, data):
     again, _ = _run(name, trained, x, y)
     assert again == value  # the seeded generator: same value on a re-run
 
+
+
+@pytest.mark.parametrize("name", ["pacbayes_flatness", "pacbayes_mag_flatness"])
+def test_pacbayes_kept_draws_equal_draws_made_again_at_every_sigma(name, trained, data):
+    """The search keeps its standard-normal draws across σ when they fit the memory budget; without room
+    (max_memory_mb = 0) it draws them again at each σ: the same numbers, so the same σ' and evaluations."""
+    from flatbench.measures.pacbayes import sigma_search
+
+    x, y = data
+    spec = all_measures()[name]
+    eps = spec.defaults.get("eps")
+    ctx = _ctx(trained, x, y, name=name, **spec.defaults)
+    kept = sigma_search(ctx, eps)
+    again = sigma_search(dataclasses.replace(ctx, max_memory_mb=0), eps)
+    assert kept[0] == again[0]
+    assert kept[1]["evaluations"] == again[1]["evaluations"] and len(kept[1]["evaluations"]) > 3
 
 def test_magnitude_aware_noise_has_the_stated_variance():
     rows = torch.tensor([0.0, 0.01, 0.3, 2.0, 5.0], dtype=DT)

@@ -37,17 +37,24 @@ class SearchFailed(RuntimeError):
     """A search could not bracket its target; the message says why (recorded as the measure's error)."""
 
 
+def standard_normals(params: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
+    """z ~ N(0, 1) per entry of every parameter, drawn in parameter order from `generator`."""
+    return {name: torch.randn(p.shape, generator=generator, device=generator.device, dtype=p.dtype).to(p.device)
+            for name, p in params.items()}
+
+
+def scale_perturbation(params: dict[str, Tensor], sigma: float, z: dict[str, Tensor],
+                       magnitude_eps: float | None = None) -> dict[str, Tensor]:
+    """u = σ·z, or sqrt(σ²θ² + ε²)·z when `magnitude_eps` = ε is given (variance, not std)."""
+    if magnitude_eps is None:
+        return {name: sigma * z[name] for name in params}
+    return {name: torch.sqrt(sigma ** 2 * p ** 2 + magnitude_eps ** 2) * z[name] for name, p in params.items()}
+
+
 def draw_perturbation(params: dict[str, Tensor], sigma: float, generator: torch.Generator,
                       magnitude_eps: float | None = None) -> dict[str, Tensor]:
     """u ~ N(0, σ²) per entry, or N(0, σ²θ² + ε²) when `magnitude_eps` = ε is given (variance, not std)."""
-    out = {}
-    for name, p in params.items():
-        z = torch.randn(p.shape, generator=generator, device=generator.device, dtype=p.dtype).to(p.device)
-        if magnitude_eps is None:
-            out[name] = sigma * z
-        else:
-            out[name] = torch.sqrt(sigma ** 2 * p ** 2 + magnitude_eps ** 2) * z
-    return out
+    return scale_perturbation(params, sigma, standard_normals(params, generator), magnitude_eps)
 
 
 def accuracy(ctx: MeasureContext, params: dict[str, Tensor] | None = None) -> float:
@@ -61,12 +68,15 @@ def accuracy(ctx: MeasureContext, params: dict[str, Tensor] | None = None) -> fl
 
 
 def accuracy_drops(ctx: MeasureContext, sigma: float, generators: list[torch.Generator], base_accuracy: float,
-                   magnitude_eps: float | None = None) -> Tensor:
-    """acc(θ) − acc(θ + u_m) for one perturbation u_m per generator (float64 tensor)."""
+                   magnitude_eps: float | None = None,
+                   normals: list[dict[str, Tensor]] | None = None) -> Tensor:
+    """acc(θ) − acc(θ + u_m) for one perturbation u_m per generator (float64 tensor); `normals` are the
+    standard-normal draws of those generators when already drawn (the same numbers, reused across σ)."""
     params = {name: p.detach() for name, p in ctx.model.named_parameters()}
     drops = []
-    for gen in generators:
-        noise = draw_perturbation(params, sigma, gen, magnitude_eps)
+    for m, gen in enumerate(generators):
+        z = normals[m] if normals is not None else standard_normals(params, gen)
+        noise = scale_perturbation(params, sigma, z, magnitude_eps)
         drops.append(base_accuracy - accuracy(ctx, {k: params[k] + noise[k] for k in params}))
     return torch.tensor(drops, dtype=torch.float64)
 
@@ -77,11 +87,19 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
     samples, depth = int(s["samples"]), int(s["search_depth"])
     base = accuracy(ctx)
     evaluations: list[dict[str, float]] = []
+    # Common random numbers: the same draws z_m (from generators with fixed seeds) at every σ. They are
+    # drawn once and kept when they fit the memory budget (drawing them dominated the search's time on the
+    # CPU); otherwise drawn again at each σ from fresh generators, which gives the same numbers.
+    params = dict(ctx.model.named_parameters())
+    size = samples * sum(p.numel() * p.element_size() for p in params.values())
+    normals = None
+    if size <= ctx.max_memory_mb * 2 ** 20:
+        normals = [standard_normals({k: p.detach() for k, p in params.items()}, ctx.generator(f"sample{m}"))
+                   for m in range(samples)]
 
     def drop_at(sigma: float) -> tuple[float, float]:
-        # Fresh generators with fixed seeds: the same draws z_m at every σ (common random numbers).
         gens = [ctx.generator(f"sample{m}") for m in range(samples)]
-        d = accuracy_drops(ctx, sigma, gens, base, magnitude_eps)
+        d = accuracy_drops(ctx, sigma, gens, base, magnitude_eps, normals)
         mean = float(d.mean())
         se = float(d.std(unbiased=True)) / math.sqrt(samples) if samples > 1 else float("nan")
         evaluations.append({"sigma": sigma, "drop": mean, "stderr": se})
