@@ -3,7 +3,7 @@
     python scripts/bench_solvers.py               # 5 repeats per shape
     python scripts/bench_solvers.py --repeats 20 --budget 1.0
 
-The problems are the test suite's (tests/test_paper_measures.py `_random_problem`): heavy-tailed positive
+The problems are the test suite's (`solver_problem` in tests/cases.py): heavy-tailed positive
 curvature H and squared weights W² spread over orders of magnitude, float64, for the weight shapes of
 LeNet-5's layers (120×400, 84×120, 16×6 after reducing the conv kernels, 10×84). Each shape is solved
 `--repeats` times with `solve_normalized_sharpness`; the table gives the best and median seconds, the
@@ -23,20 +23,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test catalogue
+
+from cases import solver_problem  # noqa: E402
 
 from flatbench.measures.normalized import solve_normalized_sharpness  # noqa: E402
 
 SHAPES = [(120, 400), (84, 120), (16, 6), (10, 84)]
-
-
-def random_problem(out_n: int, in_n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The suite's random problem (keep in step with tests/test_paper_measures.py `_random_problem`)."""
-    gen = torch.Generator().manual_seed(seed)
-    h = torch.exp(2.0 * torch.randn(out_n, in_n, generator=gen, dtype=torch.float64))
-    h = h * torch.exp(torch.randn(out_n, 1, generator=gen, dtype=torch.float64))
-    w = torch.randn(out_n, in_n, generator=gen, dtype=torch.float64) * torch.exp(
-        torch.randn(1, in_n, generator=gen, dtype=torch.float64))
-    return h, w.pow(2)
 
 
 def main() -> int:
@@ -50,7 +43,7 @@ def main() -> int:
     print(f"{'shape':>10} {'best s':>9} {'median s':>9} {'iters':>6} converged")
     total = 0.0
     for shape in SHAPES:
-        h, q = random_problem(*shape, 0)
+        h, q = solver_problem(*shape, 0)
         times, res = [], None
         for _ in range(max(1, args.repeats)):
             t0 = time.perf_counter()

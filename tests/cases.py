@@ -158,3 +158,15 @@ def measure(which: str | Case, name: str, model: nn.Module | None = None, loss: 
     ctx = ctx if ctx is not None else context(which, model)
     out = spec.fn(ctx.for_measure(name, {**spec.defaults, **settings}, loss_name=loss))
     return out if isinstance(out, MeasureOutput) else MeasureOutput(dict(out))
+
+
+def solver_problem(out_n: int, in_n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random normalized-sharpness problem (h, w²) for one layer: the solver tests' and
+    scripts/bench_solvers.py's."""
+    gen = torch.Generator().manual_seed(seed)
+    # heavy-tailed positive curvature and weights spread over orders of magnitude, like trained layers
+    h = torch.exp(2.0 * torch.randn(out_n, in_n, generator=gen, dtype=torch.float64))
+    h = h * torch.exp(torch.randn(out_n, 1, generator=gen, dtype=torch.float64))
+    w = torch.randn(out_n, in_n, generator=gen, dtype=torch.float64) * torch.exp(
+        torch.randn(1, in_n, generator=gen, dtype=torch.float64))
+    return h, w.pow(2)

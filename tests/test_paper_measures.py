@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from cases import case
+from cases import case, solver_problem
 from scipy.optimize import minimize
 from torch import nn
 
@@ -42,16 +42,6 @@ def _ns_objective(h: np.ndarray, q: np.ndarray):
         return float(a.sum() + b.sum()), np.concatenate([grad_m.sum(1), grad_m.sum(0)])
 
     return fun
-
-
-def _random_problem(out_n: int, in_n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    # heavy-tailed positive curvature and weights spread over orders of magnitude, like trained layers
-    h = torch.exp(2.0 * torch.randn(out_n, in_n, generator=gen, dtype=torch.float64))
-    h = h * torch.exp(torch.randn(out_n, 1, generator=gen, dtype=torch.float64))
-    w = torch.randn(out_n, in_n, generator=gen, dtype=torch.float64) * torch.exp(
-        torch.randn(1, in_n, generator=gen, dtype=torch.float64))
-    return h, w.pow(2)
 
 
 def _data(n: int, shape: tuple[int, ...], classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +84,7 @@ def psi_mlp() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("shape,seed", [((5, 7), 0), ((30, 12), 1), ((16, 6), 2), ((1, 9), 3), ((8, 1), 4)])
 def test_alternating_solver_matches_generic_optimizer(shape: tuple[int, int], seed: int) -> None:
-    h, q = _random_problem(*shape, seed)
+    h, q = solver_problem(*shape, seed)
     res = solve_normalized_sharpness(h, q)
     assert res.converged and res.rel_change <= 1e-10 and res.kkt_residual <= 1e-10
     fun = _ns_objective(h.numpy(), q.numpy())
@@ -120,14 +110,14 @@ def test_solver_rank_one_closed_form() -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_normalized_sharpness_bounds_random(seed: int) -> None:
-    h, q = _random_problem(11, 17, seed)
+    h, q = solver_problem(11, 17, seed)
     res = solve_normalized_sharpness(h, q)
     assert lower_bound(h, q) <= res.value * (1 + 1e-12)
     assert res.value <= matrix_normalized(h, q) * (1 + 1e-12)
 
 
 def test_dead_units_are_clamped_and_counted() -> None:
-    h, q = _random_problem(6, 8, 0)
+    h, q = solver_problem(6, 8, 0)
     h[2] = 0.0          # a unit no curvature reaches: σ_2 → ∞
     q[:, 5] = 0.0       # an input column with zero weights: σ'_5 → 0
     res = solve_normalized_sharpness(h, q)
@@ -150,7 +140,7 @@ def test_solver_on_lenet_sized_layers(shape: tuple[int, int]) -> None:
     """Converged to its tolerances, between the closed-form bounds, and stationary: no coordinate step
     of the alternating minimization (closed form per row / column) lowers the value. The solver's speed
     on these shapes is measured by scripts/bench_solvers.py, outside the suite."""
-    h, q = _random_problem(*shape, 0)
+    h, q = solver_problem(*shape, 0)
     res = solve_normalized_sharpness(h, q)
     assert res.converged and res.rel_change <= 1e-10 and res.kkt_residual <= 1e-10
     assert lower_bound(h, q) <= res.value * (1 + 1e-12) and res.value <= matrix_normalized(h, q) * (1 + 1e-12)
