@@ -145,10 +145,13 @@ def main() -> None:
         print(f"| {what} | `flatbench {shown}` | {result.returncode} | {len(lines)} | {message} |")
     # Ctrl-C while training
     slow = {**TINY, "data": {**TINY["data"], "n_train": 3000, "random_label_ratio": 0.5},
-            "model": {"name": "mlp", "widths": [256, 256]}, "train": {"epochs": 40, "batch_size": 32}}
+            "model": {"name": "mlp", "widths": [256, 256]}, "train": {"epochs": 2000, "batch_size": 32}}
     slow_cfg = write("slow.yaml", yaml.safe_dump(slow))
     proc = subprocess.Popen([sys.executable, "-m", "flatbench", "train", str(slow_cfg), "--out", str(root / "slow")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # SIGINT's default disposition even when this script runs in the background
+                            # (a shell without job control starts it with SIGINT ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not list((root / "slow").rglob("checkpoint.pt")):
         time.sleep(0.02)

@@ -287,6 +287,12 @@ def test_audit_of_a_file(tmp_path):
     one_line_error(run_cli("audit", str(tmp_path / "afile")), "is a file")
 
 
+def _default_sigint() -> None:
+    """The child gets SIGINT's default disposition: a suite started in the background by a shell without job
+    control inherits SIGINT ignored, and so would the child (Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_marks_the_run_interrupted_and_says_so(write_config, tmp_path):
     # Far more epochs than the test lets it train (the signal comes after the first checkpoint): on a busy
     # machine a 40-epoch run could finish before the signal arrived, and the test then saw exit 0.
@@ -296,7 +302,7 @@ def test_ctrl_c_marks_the_run_interrupted_and_says_so(write_config, tmp_path):
     run = tmp_path / "o" / "tiny" / "runs" / rid
     proc = subprocess.Popen([sys.executable, "-m", "flatbench", "train", str(cfg), "--out", str(tmp_path / "o"),
                              "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MPLBACKEND": "Agg"})
+                            env={**os.environ, "MPLBACKEND": "Agg"}, preexec_fn=_default_sigint)
     deadline = time.time() + 120
     while time.time() < deadline and not (run / "checkpoint.pt").exists():
         time.sleep(0.02)
