@@ -622,7 +622,7 @@ def analyze(table: pd.DataFrame, gap: str = "acc", min_train_acc: float = 0.0, n
                     gap_column=gcol, larger_is_sharper=flip, notes=notes, comparisons=comparisons)
 
 
-def _usable(values: np.ndarray, gap: np.ndarray) -> bool:
+def usable(values: np.ndarray, gap: np.ndarray) -> bool:
     """Whether τ is defined: enough runs, and neither the measure nor the gap constant over them."""
     return len(values) >= MIN_RUNS and np.ptp(values) > 0 and np.ptp(gap) > 0
 
@@ -636,7 +636,7 @@ def _permutation_pvalues(included: pd.DataFrame, measures: list[str], gap_values
         raw = included[key].to_numpy(dtype=float) if len(included) else np.zeros(0)
         ok = np.isfinite(raw) & np.isfinite(gap_values)
         values = (raw if flip[key] else -raw)[ok]
-        if not _usable(values, gap_values[ok]):
+        if not usable(values, gap_values[ok]):
             continue
         groups.setdefault(ok.tobytes(), []).append((key, values))
         masks[ok.tobytes()] = ok

@@ -45,7 +45,7 @@ import torch
 
 from flatbench.analysis import plots
 from flatbench.analysis.audit_tables import format_correlations, format_summary, summarize
-from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_batch, kendall_permutation_p
+from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_batch, kendall_permutation_p, usable
 from flatbench.errors import FlatbenchError
 from flatbench.measures.keys import entry_keys, parse_key
 from flatbench.store import (MEASURES_JSON, RUN_JSON, STUDY_FILE, atomic_write_bytes, atomic_write_text,
@@ -314,7 +314,7 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
             y = part["gap"].to_numpy(dtype=float)
             ok = np.isfinite(x) & np.isfinite(y)
             tau = p = float("nan")
-            if ok.sum() >= MIN_RUNS and np.ptp(x[ok]) > 0 and np.ptp(y[ok]) > 0:
+            if usable(x[ok], y[ok]):
                 tau = float(kendall_batch(x[ok][None, :], y[ok][None, :])[0])
                 p = kendall_permutation_p(x[ok], y[ok])
             row[f"tau_{which}"], row[f"p_{which}"] = tau, p

@@ -100,7 +100,7 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
             if self.stage == "measure":
                 counts = measure_study(study, device, names=self.measures, force=self.force, quiet=True,
                                        echo=echo, run_ids=self.run_ids)
-                echo(f"measured {counts['measured']} runs ({counts['not_trained']} not trained yet)")
+                echo(f"measured {counts.measured} runs ({counts.not_trained} not trained yet)")
                 return counts
             outcome = train_study(study, device, quiet=True, echo=echo, run_ids=self.run_ids)
         except Preempted as exc:
@@ -113,7 +113,7 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
         if self.stage == "run":
             counts = measure_study(study, device, names=self.measures, force=self.force, quiet=True, echo=echo,
                                    run_ids=self.run_ids)
-            echo(f"measured {counts['measured']} runs ({counts['not_trained']} not trained yet)")
+            echo(f"measured {counts.measured} runs ({counts.not_trained} not trained yet)")
             outcome = {**outcome, "measure": counts}
         if outcome["failed"]:
             raise FlatbenchError(f"{len(outcome['failed'])} run(s) failed: {', '.join(outcome['failed'])} "

@@ -52,9 +52,6 @@ class MeasureCounts:
     damaged_files: list[str] = field(default_factory=list)
     """measures.json files that were damaged (their readable entries were kept)."""
 
-    def __getitem__(self, key: str) -> Any:  # the dict-style access older callers use
-        return getattr(self, key)
-
 
 def measure_study(study: Study, device: torch.device, *, names: list[str] | None = None, force: bool = False,
                   shard: tuple[int, int] | None = None, quiet: bool = False, echo: Echo = print,

@@ -46,7 +46,7 @@ def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | 
     groups = plan_groups(pending, device)
     workers = max((cfg.train.workers for _, cfg in pending), default=1)
     if workers > 1 and len(groups) > 1:
-        _train_in_workers(groups, study, device, workers, outcome, quiet, echo, done, len(runs))
+        _train_in_workers(groups, study, device, workers, outcome, echo)
         return outcome
     progress = show_progress(quiet)
     for group in groups:
@@ -117,7 +117,7 @@ def _worker_train(group: list, exp_dir: str, device: str, sweep_axes: tuple) -> 
 
 
 def _train_in_workers(groups: list, study: Study, device: torch.device, workers: int,
-                      outcome: dict[str, list[str]], quiet: bool, echo: Echo, done: int, total: int) -> None:
+                      outcome: dict[str, list[str]], echo: Echo) -> None:
     """`train.workers` > 1: the planned groups as jobs of a pool of worker processes on one device."""
     from flatbench.study.workers import run_jobs
     from flatbench.train import Preempted
