@@ -26,20 +26,6 @@ class Key:
     detail: str
     """"" for a headline value."""
 
-    @property
-    def base(self) -> str:
-        """The registered measure without its variant."""
-        return self.measure.split(":", 1)[0]
-
-    @property
-    def entry(self) -> str:
-        """The measures.json entry this value belongs to."""
-        return entry_key(self.measure, self.loss)
-
-    @property
-    def headline(self) -> bool:
-        return not self.detail
-
 
 def entry_key(name: str, loss: str | None) -> str:
     """measures.json entry key of a measure (or variant) computed with a loss: `@loss` unless it is `ce`."""
@@ -65,5 +51,4 @@ def value_key(spec_name: str, base: str, loss: str | None, key: str) -> str:
     name, _, detail = key.partition("/")
     if name == base:
         name = spec_name
-    suffix = "" if loss in (None, "ce") else f"@{loss}"
-    return f"{name}{suffix}" + (f"/{detail}" if detail else "")
+    return entry_key(name, loss) + (f"/{detail}" if detail else "")

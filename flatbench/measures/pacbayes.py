@@ -39,8 +39,8 @@ class SearchFailed(RuntimeError):
 
 def standard_normals(params: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
     """z ~ N(0, 1) per entry of every parameter, drawn in parameter order from `generator`."""
-    return {name: torch.randn(p.shape, generator=generator, device=generator.device, dtype=p.dtype).to(p.device)
-            for name, p in params.items()}
+    return {name: torch.randn(p.shape, generator=generator, device=generator.device, dtype=p.dtype)
+            .to(p.device) for name, p in params.items()}
 
 
 def scale_perturbation(params: dict[str, Tensor], sigma: float, z: dict[str, Tensor],
@@ -48,7 +48,8 @@ def scale_perturbation(params: dict[str, Tensor], sigma: float, z: dict[str, Ten
     """u = σ·z, or sqrt(σ²θ² + ε²)·z when `magnitude_eps` = ε is given (variance, not std)."""
     if magnitude_eps is None:
         return {name: sigma * z[name] for name in params}
-    return {name: torch.sqrt(sigma ** 2 * p ** 2 + magnitude_eps ** 2) * z[name] for name, p in params.items()}
+    return {name: torch.sqrt(sigma ** 2 * p ** 2 + magnitude_eps ** 2) * z[name]
+            for name, p in params.items()}
 
 
 def draw_perturbation(params: dict[str, Tensor], sigma: float, generator: torch.Generator,
@@ -67,8 +68,8 @@ def accuracy(ctx: MeasureContext, params: dict[str, Tensor] | None = None) -> fl
     return correct / ctx.n
 
 
-def accuracy_drops(ctx: MeasureContext, sigma: float, generators: list[torch.Generator], base_accuracy: float,
-                   magnitude_eps: float | None = None,
+def accuracy_drops(ctx: MeasureContext, sigma: float, generators: list[torch.Generator | None],
+                   base_accuracy: float, magnitude_eps: float | None = None,
                    normals: list[dict[str, Tensor]] | None = None) -> Tensor:
     """acc(θ) − acc(θ + u_m) for one perturbation u_m per generator (float64 tensor); `normals` are the
     standard-normal draws of those generators when already drawn (the same numbers, reused across σ)."""
@@ -90,15 +91,15 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
     # Common random numbers: the same draws z_m (from generators with fixed seeds) at every σ. They are
     # drawn once and kept when they fit the memory budget (drawing them dominated the search's time on the
     # CPU); otherwise drawn again at each σ from fresh generators, which gives the same numbers.
-    params = dict(ctx.model.named_parameters())
+    params = {name: p.detach() for name, p in ctx.model.named_parameters()}
     size = samples * sum(p.numel() * p.element_size() for p in params.values())
     normals = None
     if size <= ctx.max_memory_mb * 2 ** 20:
-        normals = [standard_normals({k: p.detach() for k, p in params.items()}, ctx.generator(f"sample{m}"))
-                   for m in range(samples)]
+        normals = [standard_normals(params, ctx.generator(f"sample{m}")) for m in range(samples)]
 
     def drop_at(sigma: float) -> tuple[float, float]:
-        gens = [ctx.generator(f"sample{m}") for m in range(samples)]
+        # generators only where the draws are made again (they are not used when `normals` is kept)
+        gens = [ctx.generator(f"sample{m}") for m in range(samples)] if normals is None else [None] * samples
         d = accuracy_drops(ctx, sigma, gens, base, magnitude_eps, normals)
         mean = float(d.mean())
         se = float(d.std(unbiased=True)) / math.sqrt(samples) if samples > 1 else float("nan")
