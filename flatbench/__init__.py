@@ -2,6 +2,30 @@
 
 The package trains models on partly random labels, computes every registered flatness measure on each
 trained model and reports how well each measure ranks the models by their generalization gap.
+
+The public API (imported lazily, so `import flatbench` is instant):
+
+    flatbench.measure(model, (x, y), ["hessian_trace", "path_norm"])    # any nn.Module → a DataFrame
+    from flatbench import register_measure, MeasureContext, NotApplicable   # writing a measure plugin
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["MeasureContext", "MeasureOutput", "NotApplicable", "load_plugins", "measure", "register_measure"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "measure":
+        from flatbench.api import measure  # lazy: `import flatbench` must stay instant
+
+        return measure
+    if name == "load_plugins":
+        from flatbench.measures.registry import load_plugins  # lazy: `import flatbench` must stay instant
+
+        return load_plugins
+    if name in __all__:
+        from flatbench.measures import plugin  # lazy: `import flatbench` must stay instant
+
+        return getattr(plugin, name)
+    raise AttributeError(f"module 'flatbench' has no attribute {name!r}")

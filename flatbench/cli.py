@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from flatbench.errors import FlatbenchError
+from flatbench.errors import FlatbenchError, one_line, silence_library_noise
+
+if TYPE_CHECKING:  # the CLI imports torch (through flatbench.training) only when a command runs
+    from flatbench.training import TrainOutcome
 
 DEVICE = click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
                       help="Where to train and measure.")
@@ -34,6 +37,9 @@ SHARD = click.option("--shard", default=None, metavar="I/N", help="Only the I-th
 MEASURES = click.option("--measures", "measures", default=None,
                         help="Comma-separated measures (default: the config's).")
 OVERRIDES = click.argument("overrides", nargs=-1)
+PLUGIN = click.option("--plugin", "plugins", multiple=True, metavar="FILE_OR_MODULE",
+                      help="A measure plugin to load: a Python file or an importable module (repeatable; adds to "
+                           "measure.plugins).")
 WORKERS = click.option("--workers", type=click.IntRange(min=1), default=None,
                        help="Train and measure up to N runs at once in worker processes on the device "
                             "(train.workers, measure.workers).")
@@ -96,6 +102,7 @@ def cli(ctx: click.Context) -> None:
 
 def _submit(study: Any, stage: str, kw: dict, device: str, shard: str | None = None, **extra: Any) -> None:
     """The --executor branch shared by run, train and measure."""
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.cluster import ClusterOptions, submit_and_report
     from flatbench.study.spec import parse_shard
 
@@ -106,31 +113,32 @@ def _submit(study: Any, stage: str, kw: dict, device: str, shard: str | None = N
 
 @cli.command()
 @click.argument("config")
-@study_options(MEASURES, shard=False)
+@study_options(MEASURES, PLUGIN, shard=False)
 def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-        workers: int | None, measures: str | None, **kw: Any) -> None:
+        workers: int | None, measures: str | None, plugins: tuple[str, ...], **kw: Any) -> None:
     """Train, measure and report a study: CONFIG [KEY=VALUE ...].
 
     With --executor each array task trains its runs and then measures them; the command returns at once
     and prints the `flatbench report` command for when `flatbench status` shows every run finished and
     measured (with --wait it waits and writes the report itself).
     """
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.measure import measure_study
     from flatbench.study.report import report_study
-    from flatbench.study.spec import check_study, study_from_target
+    from flatbench.study.spec import check_study, study_from_target, with_plugins
     from flatbench.study.train import train_study
-    from flatbench.train import resolve_device
+    from flatbench.training import resolve_device
 
-    study = study_from_target(config, _with_workers(overrides, workers), out=out)
-    check_study(study, _names(measures))
+    study = with_plugins(study_from_target(config, _with_workers(overrides, workers), out=out), plugins)
+    chosen = check_study(study, _names(measures))
     if kw["executor"]:
         _submit(study, "run", kw, device, measures=_names(measures))
         if kw["wait"]:
             report_study([study.exp_dir], echo=_echo)
         return
     dev = resolve_device(device)
-    outcome = train_study(study, dev, quiet=quiet, echo=_echo)
-    counts = measure_study(study, dev, names=_names(measures), quiet=quiet, echo=_echo)
+    outcome = train_study(study, dev, quiet=quiet, echo=_echo, checked=True)
+    counts = measure_study(study, dev, names=_names(measures), quiet=quiet, echo=_echo, chosen=chosen)
     report_study([study.exp_dir], echo=_echo, quiet=quiet)
     _exit_on_failures(outcome, counts)
 
@@ -145,9 +153,10 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
     Runs that differ only in seed and random labels train several at once on a GPU (train.vectorize).
     With --executor the runs are submitted as a job array instead (see `flatbench status`).
     """
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.spec import check_study, parse_shard, study_from_target
     from flatbench.study.train import train_study
-    from flatbench.train import resolve_device
+    from flatbench.training import resolve_device
 
     study = study_from_target(config, _with_workers(overrides, workers), out=out)
     check_study(study)
@@ -155,22 +164,25 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
         _submit(study, "train", kw, device, shard)
         return
     outcome = train_study(study, resolve_device(device), shard=parse_shard(shard), quiet=quiet, echo=_echo)
-    _echo(f"{len(outcome['trained'])} trained, {len(outcome['skipped'])} already finished, "
-          f"{len(outcome['failed'])} failed, {len(outcome['locked'])} locked elsewhere -> {study.exp_dir}")
+    _echo(f"{len(outcome.trained)} trained, {len(outcome.skipped)} already finished, "
+          f"{len(outcome.failed)} failed, {len(outcome.locked)} locked elsewhere -> {study.exp_dir}")
     _exit_on_failures(outcome)
 
 
 @cli.command()
 @click.argument("target")
-@study_options(MEASURES, click.option("--force", is_flag=True, help="Recompute measures already in measures.json."))
+@study_options(MEASURES, PLUGIN,
+               click.option("--force", is_flag=True, help="Recompute measures already in measures.json."))
 def measure(target: str, overrides: tuple[str, ...], out: str | None, device: str, quiet: bool,
-            workers: int | None, shard: str | None, measures: str | None, force: bool, **kw: Any) -> None:
+            workers: int | None, shard: str | None, measures: str | None, plugins: tuple[str, ...], force: bool,
+            **kw: Any) -> None:
     """Compute measures on the trained runs of TARGET (an experiment folder or a config)."""
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.measure import measure_study
-    from flatbench.study.spec import check_study, parse_shard, study_from_target
-    from flatbench.train import resolve_device
+    from flatbench.study.spec import check_study, parse_shard, study_from_target, with_plugins
+    from flatbench.training import resolve_device
 
-    study = study_from_target(target, _with_workers(overrides, workers), out=out)
+    study = with_plugins(study_from_target(target, _with_workers(overrides, workers), out=out), plugins)
     check_study(study, _names(measures))
     if not study.exp_dir.is_dir():
         raise FlatbenchError(f"experiment folder {study.exp_dir} does not exist: train the study first "
@@ -194,13 +206,29 @@ def measure(target: str, overrides: tuple[str, ...], out: str | None, device: st
 @click.option("--include-stale", is_flag=True,
               help="Also count runs left in runs/ by an earlier version of the study (listed as not in this study).")
 @click.option("--quiet", is_flag=True, help="One line: where the report is and the best measure.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the report's resampling (bootstrap intervals, comparisons, Monte-Carlo permutations).")
+@PLUGIN
 def report(experiments: tuple[str, ...], out_dir: str | None, gap: str | None, min_train_acc: float | None,
-           include_stale: bool, quiet: bool) -> None:
+           include_stale: bool, quiet: bool, seed: int, plugins: tuple[str, ...]) -> None:
     """Tables, correlations, plots and report.md for one or more EXPERIMENT folders."""
-    from flatbench.study.report import report_study
+    from flatbench.study.report import report_study  # lazy: `flatbench --help` must not import torch
+
+    _load_plugins(plugins, experiments)
 
     report_study([Path(e) for e in experiments], out_dir=Path(out_dir) if out_dir else None, gap=gap,
-                 min_train_acc=min_train_acc, include_stale=include_stale, echo=_echo, quiet=quiet)
+                 min_train_acc=min_train_acc, include_stale=include_stale, echo=_echo, quiet=quiet, seed=seed)
+
+
+@cli.command()
+@click.argument("experiments", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, help="Where to write comparison.html, comparison.csv, plots/.")
+def compare(experiments: tuple[str, ...], out_dir: str) -> None:
+    """Several studies side by side, from their reports' correlations.csv: EXPERIMENT [EXPERIMENT ...]."""
+    from flatbench.study.compare import compare_studies  # lazy: `flatbench --help` stays fast
+
+    summary = compare_studies([Path(e) for e in experiments], Path(out_dir))
+    _echo(f"compared {len(summary.studies)} studies, {summary.n_measures} measures -> {summary.html}")
 
 
 @cli.command()
@@ -211,36 +239,55 @@ def report(experiments: tuple[str, ...], out_dir: str | None, gap: str | None, m
               help="Run audit: random transformations per family.")
 @MEASURES
 @click.option("--population", is_flag=True,
-              help="TARGET is an experiment: transform every run once and compare the correlations with the gap.")
+              help="TARGET is an experiment: transform every run --draws times for each factor range and compare "
+                   "the correlations with the gap.")
 @click.option("--family", default="node", show_default=True,
               help="Population audit: the family applied to every run.")
-@click.option("--max-factor", type=float, default=None,
-              help="Factors are log-uniform in [1/F, F] (default 10; 100 with --population).")
+@click.option("--draws", type=int, default=3, show_default=True,
+              help="Population audit: random transformations per run and factor range.")
+@click.option("--max-factor", "--max-factors", "max_factor", multiple=True,
+              help="Factors are log-uniform in [1/F, F]. Run audit: one F (default 10). Population audit: one "
+                   "or more ranges, repeated or comma-separated (default 2,100: mild and harsh).")
+@click.option("--fresh", is_flag=True,
+              help="Population audit: recompute every run (default: reuse the finished runs of an earlier or "
+                   "interrupted audit with the same settings).")
 @click.option("--out", "out_dir", default=None, help="Where to write the files (default: TARGET).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Population audit: audit up to N runs at once in worker processes (default: the study's "
+                   "measure.workers).")
 @DEVICE
+@PLUGIN
 def audit(target: str, families: str, trials: int, measures: str | None, population: bool, family: str,
-          max_factor: float | None, out_dir: str | None, device: str) -> None:
+          draws: int, max_factor: tuple[str, ...], fresh: bool, out_dir: str | None, workers: int | None,
+          device: str, plugins: tuple[str, ...]) -> None:
     """Check the measures under function-preserving transformations: TARGET is a run folder, or an
     experiment folder with --population."""
-    from flatbench.study.audit import audit_population, audit_run
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
+    from flatbench.study.audit import audit_run
+    from flatbench.study.population import audit_population, parse_max_factors
     from flatbench.store import RUN_JSON
     from flatbench.study.spec import check_output_dir
-    from flatbench.train import resolve_device
+    from flatbench.training import resolve_device
 
     path = Path(target)
     if not path.is_dir():
         raise FlatbenchError(f"{path} does not exist" if not path.exists() else f"{path} is a file, not a folder")
+    factors = parse_max_factors(max_factor) if max_factor else None
     out = check_output_dir(out_dir, "audit output folder") if out_dir else None
     dev = resolve_device(device)
     if population:
-        audit_population(path, family=family, measures=_names(measures), device=dev,
-                         max_factor=max_factor or 100.0, out_dir=out, echo=click.echo)
+        audit_population(path, family=family, measures=_names(measures), device=dev, max_factor=factors,
+                         draws=draws, out_dir=out, fresh=fresh, echo=click.echo, plugins=plugins, workers=workers)
         return
     if not (path / RUN_JSON).is_file():
         hint = " (add --population to audit a whole experiment)" if (path / "runs").is_dir() else ""
         raise FlatbenchError(f"{path} is not a run folder (no {RUN_JSON}){hint}")
+    if factors is not None and len(factors) > 1:
+        raise FlatbenchError(f"the run audit takes one --max-factor, got {', '.join(f'{f:g}' for f in factors)}")
+    if workers is not None:
+        raise FlatbenchError("--workers is for the population audit (--population); the run audit measures one run")
     audit_run(path, families=families, trials=trials, measures=_names(measures), device=dev,
-              max_factor=max_factor or 10.0, out_dir=out, echo=click.echo)
+              max_factor=factors[0] if factors else 10.0, out_dir=out, echo=click.echo, plugins=plugins)
 
 
 @cli.command()
@@ -248,35 +295,130 @@ def audit(target: str, families: str, trials: int, measures: str | None, populat
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (counts and every run's state).")
 def status(experiment: str, as_json: bool) -> None:
     """How many runs of EXPERIMENT are finished, running, preempted, failed or not started."""
-    import json
+    import json  # lazy: only `status --json` needs it
 
-    from flatbench.study.status import format_status, study_status
+    from flatbench.study.status import format_status, study_status  # lazy: `--help` must not import torch
 
+    try:
+        _load_plugins((), (experiment,))  # the study's plugin measures, to know which entries it expects
+    except FlatbenchError:
+        pass  # a damaged study.yaml or a missing plugin: the status says what it can
     st = study_status(experiment)
     click.echo(json.dumps(st, indent=2) if as_json else format_status(st))
 
 
+def _load_plugins(plugins: tuple[str, ...], experiments: tuple[str, ...] = ()) -> None:
+    """Load --plugin and the `measure.plugins` of the experiments' saved studies."""
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
+    from flatbench.measures.registry import load_plugins
+    from flatbench.store import STUDY_FILE
+    from flatbench.study.spec import read_saved_study
+
+    saved = [p for e in experiments if (Path(e) / STUDY_FILE).is_file() for p in read_saved_study(e).measure.plugins]
+    load_plugins([*dict.fromkeys((*saved, *plugins))])
+
+
 @cli.command("list-measures")
-def list_measures() -> None:
-    """Every registered measure: name, invariances, cost, description."""
-    from flatbench.measures import all_measures
+@PLUGIN
+def list_measures(plugins: tuple[str, ...]) -> None:
+    """Every registered measure: name, invariances, cost, the dtype it is computed in under measure.dtype auto,
+    description (and the plugin it comes from)."""
+    from flatbench.measures import all_measures  # lazy: `flatbench --help` must not import torch
 
+    _load_plugins(plugins)
     specs = all_measures()
-    rows = [(name, ",".join(sorted(spec.invariant_to)) or "-", spec.cost,
-             spec.description + (f" [variants: {', '.join(spec.variants)}]" if spec.variants else ""))
+    rows = [(name, ",".join(sorted(spec.invariant_to)) or "-", spec.cost, spec.precision,
+             spec.description + (f" [variants: {', '.join(spec.variants)}]" if spec.variants else "")
+             + ("" if spec.origin == "builtin" else f" [plugin: {spec.origin}]"))
             for name, spec in specs.items()]
-    header = ("name", "invariant to", "cost", "description")
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(3)]
+    header = ("name", "invariant to", "cost", "dtype", "description")
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
     for row in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3])
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4])
 
 
-def _exit_on_failures(outcome: dict[str, list[str]] | None, counts: Any = None) -> None:
+@cli.command("check-measure")
+@click.argument("name")
+@PLUGIN
+@click.option("--cases", default=None, help="Comma-separated catalogue cases (default: all of them: "
+              "mlp, mlp_nobias, mlp_bn, mlp_psi, lenet, wrn).")
+@click.option("--families", default=None, help="Comma-separated rescaling families (default: all four).")
+def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, families: str | None) -> None:
+    """Check NAME's declared invariances on the catalogue of small trained models, rescaled with large
+    random factors by every family; show which undeclared ones break it; check that it is finite and
+    deterministic (or reports its standard error). Exit code 1 when a check fails."""
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
+    from flatbench.measures import contract
+    from flatbench.measures.registry import get_measure
+    from flatbench.rescale import FAMILIES
+
+    _load_plugins(plugins)
+    spec = get_measure(name)
+    chosen_cases = _choices(cases, contract.CASES, "case")
+    chosen_families = _choices(families, FAMILIES, "family")
+    click.echo(f"checking {spec.name} ({spec.origin if spec.origin != 'builtin' else 'built-in'}; declared "
+               f"invariant to: {', '.join(sorted(spec.invariant_to)) or 'none'}) on {len(chosen_cases)} trained "
+               "models, factors log-uniform in [1/10, 10]")
+    report = contract.check_measure(spec.name, cases=chosen_cases, families=chosen_families)
+    for line in contract.format_report(report):
+        click.echo(line)
+    if report.problems:
+        sys.exit(1)
+
+
+def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    if not text:
+        return allowed
+    chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [c for c in chosen if c not in allowed]
+    if unknown or not chosen:
+        raise FlatbenchError(f"unknown {what} '{unknown[0] if unknown else text}' (choose from: {', '.join(allowed)})")
+    return chosen
+
+
+@cli.command("measure-model")
+@click.argument("factory")
+@click.option("--data", "dataset", required=True,
+              help="The dataset: a built-in name (mnist_mini, mnist, fashion_mnist, cifar10) or an .npz file.")
+@click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into the model.")
+@click.option("--n-examples", type=click.IntRange(min=1), default=None,
+              help="Measure on a seeded class-balanced subset of this many training examples (default: all).")
+@click.option("--measures", "measures", default=None, help="Comma-separated measures (default: all).")
+@click.option("--out", "out_dir", default=None, help="Write measures.json and table.csv into this folder.")
+@click.option("--dtype", default="float64", show_default=True, type=click.Choice(["float64", "float32"]))
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the model's init and the probes.")
+@DEVICE
+@PLUGIN
+def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples: int | None, measures: str | None,
+                  out_dir: str | None, dtype: str, seed: int, device: str, plugins: tuple[str, ...]) -> None:
+    """Measure a model of one's own: FACTORY is file.py:function or pkg.module:function (called with
+    input_shape and num_classes where it takes them), with --checkpoint weights, on --data."""
+    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
+    from flatbench.api import measure_model as run_measure_model
+    from flatbench.measures.runner import format_value
+    from flatbench.study.spec import check_output_dir
+    from flatbench.training import resolve_device
+
+    out = check_output_dir(out_dir, "output folder") if out_dir else None
+    df, where = run_measure_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples,
+                                  measures=_names(measures), out=str(out) if out else None,
+                                  device=str(resolve_device(device)), dtype=dtype, plugins=plugins, seed=seed)
+    heads = df[~df["key"].str.contains("/")]
+    width = max([len(k) for k in heads["key"]] + [10])
+    for _, row in heads.iterrows():
+        text = format_value(row["value"]) if row["status"] == "ok" else f"{row['status'].replace('_', ' ')}: " \
+            f"{str(row['reason']).splitlines()[0][:120] if row['reason'] else ''}"
+        click.echo(f"{row['key']:{width}s}  {text}  ({row['seconds']:.2f}s)")
+    if where is not None:
+        click.echo(f"-> {where / 'measures.json'}, {where / 'table.csv'}")
+
+
+def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None) -> None:
     """Exit non-zero (one line) when runs failed to train or could not be measured; everything else done
     is kept."""
     problems = []
-    if outcome and outcome["failed"]:
-        problems.append(f"{len(outcome['failed'])} run(s) failed to train: {', '.join(outcome['failed'])} "
+    if outcome and outcome.failed:
+        problems.append(f"{len(outcome.failed)} run(s) failed to train: {', '.join(outcome.failed)} "
                         "(see their run.json)")
     if counts is not None and counts.failed_runs:
         first = next(iter(counts.failed_runs.items()))
@@ -287,14 +429,11 @@ def _exit_on_failures(outcome: dict[str, list[str]] | None, counts: Any = None) 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click, with user errors turned into one line and exit code 2."""
-    import warnings
-
-    # torch's own vmap decompositions call the deprecated torch.jit.script: noise for our users
-    warnings.filterwarnings("ignore", message=".*torch.jit.script.*is deprecated", category=FutureWarning)
+    silence_library_noise()
     try:
         cli.main(args=argv, prog_name="flatbench", standalone_mode=False)
     except FlatbenchError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {one_line(str(exc))}", err=True)
         sys.exit(2)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted: finished runs and the last checkpoints are kept; the same command resumes",
@@ -305,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except OSError as exc:
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
-        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        click.echo(f"error: {one_line(str(exc.strerror or exc))}{one_line(where)}", err=True)
         sys.exit(2)
     except Exception as exc:  # noqa: BLE001 - the last guard: not a user error, but still no traceback wall
         if type(exc).__name__ == "Preempted":

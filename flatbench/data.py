@@ -22,6 +22,7 @@ import pickle
 import socket
 import tarfile
 from dataclasses import dataclass, field, replace
+from difflib import get_close_matches
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -300,7 +301,75 @@ def _to_raw(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndar
                    torch.from_numpy(y_test.astype(np.int64)))
 
 
+def is_npz_dataset(name: str) -> bool:
+    """A dataset of one's own: a path to an .npz file (x_train, y_train, x_test, y_test)."""
+    return isinstance(name, str) and name.endswith(".npz")
+
+
+def check_dataset_name(name: str) -> None:
+    """A built-in dataset or an .npz file; one line otherwise (the file's content is checked on reading)."""
+    if is_npz_dataset(name):
+        if not Path(name).expanduser().is_file():
+            raise DataError(f"dataset file {name} does not exist (data.dataset: a path to an .npz file with "
+                            "x_train, y_train, x_test, y_test, relative to where flatbench runs)")
+        return
+    if name not in DATASETS:
+        close = get_close_matches(name, list(DATASETS), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise DataError(f"unknown dataset '{name}'{hint} (available: {', '.join(sorted(DATASETS))}, or a "
+                        "path to an .npz file)")
+
+
+NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _read_npz(path: Path) -> RawData:
+    """An .npz dataset: inputs of any shape (N, ...), as float32 (uint8 images are scaled to [0, 1]), and
+    integer labels 0..C-1. Missing arrays, mismatched lengths or bad labels are one line."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in NPZ_ARRAYS if k not in z.files]
+            if missing:
+                raise DataError(f"dataset file {path} lacks the array(s) {', '.join(missing)} (it has: "
+                                f"{', '.join(z.files) or 'none'}); it needs {', '.join(NPZ_ARRAYS)}")
+            arrays = {k: z[k] for k in NPZ_ARRAYS}
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - not an npz, damaged, pickled objects
+        raise DataError(f"dataset file {path} cannot be read as .npz ({type(exc).__name__}: {exc})") from None
+    out = {}
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+            raise DataError(f"dataset file {path}: x_{split} {tuple(x.shape)} and y_{split} {tuple(y.shape)} must "
+                            "be (N, ...) inputs and (N,) labels")
+        if not np.issubdtype(y.dtype, np.integer) or (len(y) and int(y.min()) < 0):
+            raise DataError(f"dataset file {path}: y_{split} must hold integer labels 0..C-1, got {y.dtype} "
+                            f"{'with negative labels' if np.issubdtype(y.dtype, np.integer) else ''}".rstrip())
+        xf = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
+        if not np.isfinite(xf).all():
+            raise DataError(f"dataset file {path}: x_{split} holds NaN or infinite values")
+        out[split] = (torch.from_numpy(np.ascontiguousarray(xf)), torch.from_numpy(y.astype(np.int64)))
+    if out["train"][0].shape[1:] != out["test"][0].shape[1:]:
+        raise DataError(f"dataset file {path}: x_train and x_test inputs differ in shape "
+                        f"({tuple(out['train'][0].shape[1:])} and {tuple(out['test'][0].shape[1:])})")
+    return RawData(out["train"][0], out["train"][1], out["test"][0], out["test"][1])
+
+
+def dataset_info(name: str, raw: RawData | None = None) -> DatasetInfo:
+    """A dataset's static facts; for an .npz file from its arrays (C = the largest label + 1, no
+    standardization: its inputs are used as given)."""
+    if not is_npz_dataset(name):
+        return DATASETS[name]
+    raw = raw if raw is not None else load_raw(name)
+    num_classes = max(int(raw.y_train.max()) if len(raw.y_train) else 0,
+                      int(raw.y_test.max()) if len(raw.y_test) else 0) + 1
+    return DatasetInfo(name, max(2, num_classes), tuple(int(d) for d in raw.x_train.shape[1:]), (), ())
+
+
 def _read_raw(name: str, root: Path) -> RawData:
+    if is_npz_dataset(name):
+        return _read_npz(Path(name).expanduser())
     if name == "mnist_mini":
         return _read_mnist_mini()
     if name == "cifar10":
@@ -314,7 +383,7 @@ def _download(name: str, root: Path) -> str | None:
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
     chatter = io.StringIO()  # torchvision prints each mirror it tries; the user gets our one line instead
     try:
-        from torchvision import datasets as tvd
+        from torchvision import datasets as tvd  # lazy: torchvision is heavy, needed only to download
 
         cls = {"mnist": tvd.MNIST, "fashion_mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10}[name]
         log.info("downloading %s into %s", name, root)
@@ -329,11 +398,14 @@ def _download(name: str, root: Path) -> str | None:
 
 
 def load_raw(name: str, root: str | Path | None = None, download: bool = False) -> RawData:
-    """The full dataset as uint8/int64 CPU tensors, read once per (name, root) in this process."""
-    if name not in DATASETS:
-        raise DataError(f"unknown dataset '{name}' (available: {', '.join(sorted(DATASETS))})")
+    """The full dataset as uint8/int64 CPU tensors (an .npz file's as float32), read once per (name, root)
+    in this process."""
+    check_dataset_name(name)
     root_path = Path(root).expanduser() if root is not None else dataset_root(None)
     key = (name, "<package>" if name == "mnist_mini" else str(root_path.resolve()))
+    if is_npz_dataset(name):
+        path = Path(name).expanduser().resolve()
+        key = (str(path), f"{path.stat().st_mtime_ns}:{path.stat().st_size}")
     if key in _RAW_CACHE:
         return _RAW_CACHE[key]
     try:
@@ -433,7 +505,10 @@ def random_labels(y: Tensor, ratio: float, num_classes: int, seed: int,
 
 
 def _normalize(x: Tensor, info: DatasetInfo, device: str | torch.device) -> Tensor:
-    """uint8 → float32 in [0, 1] → per-channel standardized, computed on the device (4× less copying)."""
+    """uint8 → float32 in [0, 1] → per-channel standardized, computed on the device (4× less copying); an
+    .npz dataset's float32 inputs as they are."""
+    if not info.mean:
+        return x.to(device).to(torch.float32).clone()
     x = x.to(device).to(torch.float32).div_(255.0)
     mean = torch.tensor(info.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     std = torch.tensor(info.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
@@ -442,10 +517,8 @@ def _normalize(x: Tensor, info: DatasetInfo, device: str | torch.device) -> Tens
 
 def load_dataset(cfg: DataConfig, seed: int, device: str | torch.device = "cpu") -> Dataset:
     """Read (once per process), subset, normalize and label-corrupt a dataset, on `device`."""
-    if cfg.dataset not in DATASETS:
-        raise DataError(f"unknown dataset '{cfg.dataset}' (available: {', '.join(sorted(DATASETS))})")
-    info = DATASETS[cfg.dataset]
     raw = load_raw(cfg.dataset, dataset_root(cfg.root), cfg.download)
+    info = dataset_info(cfg.dataset, raw)
     C = info.num_classes
     train_idx = balanced_subset(raw.y_train, cfg.n_train, C,
                                 make_generator("subset", cfg.dataset, "train", cfg.n_train, seed))
@@ -473,18 +546,7 @@ def measurement_subset(ds: Dataset, n: int | None, seed: int) -> tuple[Tensor, T
     return ds.x_train[idx], ds.y_train[idx]
 
 
-# ---------------------------------------------------------------- batching and augmentation
-
-
-def epoch_batches(n: int, batch_size: int, generator: torch.Generator) -> list[Tensor]:
-    """One epoch's mini-batches: index slices of a seeded permutation of range(n), last partial batch kept.
-
-    The permutation is drawn on the generator's device, so a CUDA generator gives CUDA indices.
-    """
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    perm = torch.randperm(n, generator=generator, device=generator.device)
-    return list(perm.split(batch_size))
+# ---------------------------------------------------------------- augmentation
 
 
 def augment_params(info: DatasetInfo) -> dict[str, Any]:
@@ -492,36 +554,8 @@ def augment_params(info: DatasetInfo) -> dict[str, Any]:
 
     Digits are not mirror-symmetric, so flipping would change what MNIST images mean.
     """
+    if len(info.input_shape) != 3:
+        return {"pad": 0, "flip": False}
     size = info.input_shape[-1]
     pad = 4 if size == 32 else 2 if size == 28 else max(1, size // 8)
     return {"pad": pad, "flip": info.name == "cifar10"}
-
-
-def augment_batch(x: Tensor, generator: torch.Generator, flip: bool, pad: int) -> Tensor:
-    """Random crop after reflection padding (as in Zagoruyko & Komodakis), plus optional horizontal flip.
-
-    Vectorized over the batch: one padded copy, then a single gather with per-sample crop offsets (and
-    reversed column indices for the flipped samples). Reflection rather than zero padding keeps the
-    border statistics of normalized inputs; for MNIST's black borders the two are nearly the same.
-    Random numbers come from `generator` (on its own device), so the result is determined by its state.
-    """
-    if pad < 0:
-        raise ValueError(f"pad must be non-negative, got {pad}")
-    if pad == 0 and not flip:
-        return x
-    B, _, H, W = x.shape
-    if pad >= min(H, W):
-        raise ValueError(f"pad {pad} is too large for {H}×{W} inputs (reflection needs pad < size)")
-    gdev = generator.device
-    oy = torch.randint(0, 2 * pad + 1, (B,), generator=generator, device=gdev).to(x.device)
-    ox = torch.randint(0, 2 * pad + 1, (B,), generator=generator, device=gdev).to(x.device)
-    rows = oy[:, None] + torch.arange(H, device=x.device)
-    cols = torch.arange(W, device=x.device).expand(B, W)
-    if flip:
-        flipped = (torch.rand(B, generator=generator, device=gdev) < 0.5).to(x.device)
-        cols = torch.where(flipped[:, None], cols.flip(-1), cols)
-    cols = ox[:, None] + cols
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad), mode="reflect") if pad else x
-    batch = torch.arange(B, device=x.device)[:, None, None, None]
-    channel = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
-    return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]

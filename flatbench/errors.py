@@ -2,8 +2,35 @@
 
 A `FlatbenchError` is a problem the user can fix (a bad config key, a missing dataset, a corrupt
 checkpoint). The CLI prints its message as one line on stderr and exits with code 2; anything else is a
-bug and keeps its traceback.
+bug and keeps its traceback. `Echo` is how the stages print their progress lines (the CLI's echo to stdout,
+a worker's list of lines, or nothing in tests).
 """
+
+import difflib
+import warnings
+from typing import Any, Callable
+
+Echo = Callable[[str], None]
+"""Where a stage's progress and outcome lines go."""
+
+
+def silence_library_noise() -> None:
+    """Hide warnings our users can do nothing about: torch's own vmap decompositions call the deprecated
+    torch.jit.script. Installed by the CLI and by every worker process it spawns."""
+    warnings.filterwarnings("ignore", message=".*torch.jit.script.*is deprecated", category=FutureWarning)
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, or '' when none is close: the one suggestion
+    rule of every unknown-name error (config keys, measure names, datasets, models)."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def one_line(text: str) -> str:
+    """`text` as one printable line: newlines and other control characters escaped (an error message may
+    quote a file name, a key or a value given by the user)."""
+    return "".join(c if c >= " " or c == "\t" else repr(c)[1:-1] for c in str(text))
 
 
 class FlatbenchError(Exception):

@@ -8,17 +8,25 @@ label). `normalized_ce` is flatbench's choice of Tsuzuku et al.'s normalized-sof
 It is unchanged by adding a constant to all logits of an example or by scaling them by c > 0, so it does
 not see a rescaling of the last layer that changes no prediction. Its logit Hessian comes from
 `torch.func` (it is not positive semi-definite in general).
+
+`mse` is the mean squared error on one-hot targets, `ℓ(f, y) = (1/C) Σ_c (f_c − [c = y])²` (as
+`F.mse_loss(f, one_hot(y))` averages), whose logit Hessian is `(2/C) I`. A loss of one's own is named
+`file.py:function` or `pkg.module:function`: a function `(logits (n, C), targets (n,)) -> (n,)` of
+per-example losses; its logit Hessian comes from `torch.func`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.func import hessian, vmap
 
 from flatbench.errors import FlatbenchError
+from flatbench.userspec import is_factory_spec, load_object
 
 _NORM_EPS = 1e-12
 
@@ -29,11 +37,22 @@ class LogitLoss:
 
     name: str
     tau: float = 1.0
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
+    """A loss of one's own: per-example losses of (logits, targets)."""
 
     def per_example(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """ℓ(f_n, y_n) for every row, shape (n,)."""
         if self.name == "ce":
             return F.cross_entropy(logits, targets, reduction="none")
+        if self.name == "mse":
+            onehot = F.one_hot(targets, logits.shape[-1]).to(logits.dtype)
+            return (logits - onehot).pow(2).mean(dim=-1)
+        if self.fn is not None:
+            out = self.fn(logits, targets)
+            if not isinstance(out, torch.Tensor) or out.shape != logits.shape[:1]:
+                raise FlatbenchError(f"loss '{self.name}' must return one loss per example (shape "
+                                     f"{tuple(logits.shape[:1])}), got {getattr(out, 'shape', type(out).__name__)}")
+            return out
         centered = logits - logits.mean(dim=-1, keepdim=True)
         norm = centered.norm(dim=-1, keepdim=True).clamp_min(_NORM_EPS)
         return F.cross_entropy(self.tau * centered / norm, targets, reduction="none")
@@ -47,6 +66,10 @@ class LogitLoss:
         if self.name == "ce":
             p = torch.softmax(logits, dim=-1)
             return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+        if self.name == "mse":
+            c = logits.shape[-1]
+            eye = torch.eye(c, dtype=logits.dtype, device=logits.device) * (2.0 / c)
+            return eye.expand(logits.shape[0], c, c).clone()
 
         def single(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return self.per_example(f.unsqueeze(0), y.unsqueeze(0))[0]
@@ -65,7 +88,22 @@ class LogitLoss:
         return evals, evecs
 
 
-def get_loss(name: str, tau: float = 1.0) -> LogitLoss:
-    if name not in ("ce", "normalized_ce"):
-        raise FlatbenchError(f"unknown loss '{name}' (choose from: ce, normalized_ce)")
+BUILTIN_LOSSES = ("ce", "normalized_ce", "mse")
+
+
+def check_loss_name(name: str) -> None:
+    """A built-in loss or a loadable `file.py:function` / `pkg.module:function`; one line otherwise."""
+    get_loss(name)
+
+
+def get_loss(name: str | Callable[..., Any], tau: float = 1.0) -> LogitLoss:
+    """A loss by name (ce, normalized_ce, mse), by `file.py:function` / `pkg.module:function`, or a
+    function `(logits, targets) -> per-example losses` itself."""
+    if callable(name) and not isinstance(name, str):
+        return LogitLoss(name=getattr(name, "__name__", "custom"), tau=float(tau), fn=name)
+    if is_factory_spec(name):
+        return LogitLoss(name=name, tau=float(tau), fn=load_object(name, "loss"))
+    if name not in BUILTIN_LOSSES:
+        raise FlatbenchError(f"unknown loss '{name}' (choose from: {', '.join(BUILTIN_LOSSES)}, or a function "
+                             "file.py:function / pkg.module:function)")
     return LogitLoss(name=name, tau=float(tau))

@@ -1,4 +1,4 @@
-"""Models by name: mlp, lenet, wrn.
+"""Models by name: mlp, lenet, wrn, or the user's own from a factory (`models.py:build`, `pkg.models:build`).
 
 Module structure is kept plain on purpose: the weight layers (`nn.Linear`, `nn.Conv2d`) appear in
 `model.modules()` in forward order, and mlp and lenet are `nn.Sequential`s whose hidden layers are
@@ -11,15 +11,17 @@ the trainer seeds it with `torch.manual_seed(derive_seed(...))` right before bui
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
 from flatbench.config import ModelConfig, run_config_from_dict
-from flatbench.errors import CheckpointError, ConfigError
-from flatbench.store import MODEL_FILE, RUN_JSON, check_model_hash, read_json, torch_load
+from flatbench.errors import CheckpointError, ConfigError, FlatbenchError
+from flatbench.store import MODEL_FILE, RUN_JSON, check_model_hash, load_run_info, torch_load
+from flatbench.userspec import call_with_accepted, is_factory_spec, load_object
 
 ModelBuilder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 
@@ -37,8 +39,38 @@ def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
     return decorate
 
 
+def check_model_name(name: str) -> None:
+    """A built-in model name, or a factory `file.py:function` / `pkg.module:function` that can be loaded;
+    one line otherwise."""
+    if is_factory_spec(name):
+        load_object(name, "model factory")
+        return
+    if name not in MODELS:
+        close = get_close_matches(name, list(MODELS), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown model '{name}'{hint} (available: "
+                          f"{', '.join(sorted(MODELS))}, or a factory file.py:function / pkg.module:function)")
+
+
+def build_from_factory(spec: str, input_shape: tuple[int, ...], num_classes: int,
+                       kwargs: dict | None = None) -> nn.Module:
+    """The user's model: `spec` (file.py:function or pkg.module:function) called with `kwargs` and, where
+    its signature takes them, `input_shape` and `num_classes`; it must return an `nn.Module`."""
+    fn = load_object(spec, "model factory")
+    model = call_with_accepted(fn, {"input_shape": tuple(input_shape), "num_classes": int(num_classes)},
+                               dict(kwargs or {}), f"model factory '{spec}'")
+    if not isinstance(model, nn.Module):
+        raise FlatbenchError(f"model factory '{spec}' returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs, using the global RNG."""
+    """Build `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs, using the global RNG;
+    a factory (`file.py:function`, `pkg.module:function`) gets `cfg.kwargs`."""
+    if is_factory_spec(cfg.name):
+        return build_from_factory(cfg.name, input_shape, num_classes, cfg.kwargs)
+    if cfg.kwargs:
+        raise ConfigError(f"model.kwargs is for model factories (file.py:function); '{cfg.name}' is built in")
     if cfg.name not in MODELS:
         raise ConfigError(f"unknown model '{cfg.name}' (available: {', '.join(sorted(MODELS))})")
     return MODELS[cfg.name](cfg, tuple(input_shape), num_classes)
@@ -185,13 +217,17 @@ def load_model(run_path: str | Path, device: str | torch.device = "cpu", model_f
     `sha256`; a corrupt, replaced or edited file gives a one-line CheckpointError."""
     path = model_file or Path(run_path) / MODEL_FILE
     if sha256 is not None or model_file is None:
-        info = read_json(Path(run_path) / RUN_JSON) if (Path(run_path) / RUN_JSON).is_file() else {}
+        info = load_run_info(run_path) if (Path(run_path) / RUN_JSON).is_file() else {}
         check_model_hash(Path(run_path), info, path, sha256)
     blob = torch_load(path, map_location=device)
     if not isinstance(blob, dict) or "state_dict" not in blob or "config" not in blob:
         raise CheckpointError(f"{path} is not a flatbench model file; delete the run folder to retrain")
-    cfg = run_config_from_dict(blob["config"])
-    model = build_model(cfg.model, tuple(blob["input_shape"]), int(blob["num_classes"]))
+    try:
+        cfg = run_config_from_dict(blob["config"])
+        model = build_model(cfg.model, tuple(int(n) for n in blob["input_shape"]), int(blob["num_classes"]))
+    except (KeyError, TypeError, ValueError, FlatbenchError) as exc:
+        raise CheckpointError(f"{path} is not a flatbench model file ({type(exc).__name__}: {exc}); delete the run "
+                              "folder to retrain") from None
     try:
         model.load_state_dict(blob["state_dict"])
     except RuntimeError as exc:

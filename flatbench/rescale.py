@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from flatbench.models import WideResNet
+
 FAMILIES = ("layer", "node", "bn", "logit_scale")
 
 _WEIGHT = (nn.Linear, nn.Conv2d)
@@ -167,8 +169,6 @@ def _wrn_structure(model: nn.Module) -> Structure:
 
 def structure(model: nn.Module) -> Structure:
     """The junctions, BatchNorm pairs and last layer of a supported model (see the module docstring)."""
-    from flatbench.models import WideResNet
-
     try:
         if isinstance(model, WideResNet):
             return _wrn_structure(model)

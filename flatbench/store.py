@@ -14,18 +14,32 @@ Every write goes to a temporary file in the same folder and is then moved into p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import math
 import os
+import socket
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from flatbench.errors import CheckpointError, FlatbenchError
+from flatbench.errors import CheckpointError, ConfigError, FlatbenchError
+
+GAPS = ("acc", "loss")
+"""The generalization gaps a run records (table.csv columns gap_acc, gap_loss) and a report correlates
+with."""
+
+
+def gap_column(gap: str, what: str = "gap") -> str:
+    """The table column of `gap` (one of `GAPS`); anything else is one error line naming `what`."""
+    if gap not in GAPS:
+        raise ConfigError(f"{what} must be acc or loss, got {gap!r}")
+    return f"gap_{gap}"
 
 RUNS_DIR = "runs"
 RUN_JSON = "run.json"
@@ -94,10 +108,15 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file written by flatbench; a corrupt file is a one-line `FlatbenchError`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
+        return json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise FlatbenchError(f"{path} is damaged (not valid JSON: {exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError as exc:
+        raise FlatbenchError(f"{path} is damaged (not UTF-8 text at byte {exc.start})") from None
+    except RecursionError:
+        raise FlatbenchError(f"{path} is damaged (nested too deeply)") from None
 
 
 def salvage_json_object(text: str) -> dict[str, Any]:
@@ -136,13 +155,65 @@ def read_json_salvaged(path: str | os.PathLike) -> tuple[dict[str, Any], str | N
 
     Returns (entries, problem): problem is None for an intact file."""
     text = Path(path).read_text(encoding="utf-8", errors="replace")
+    check = ENTRY_CHECKS.get(Path(path).name)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        return salvage_json_object(text), f"{exc.msg} at line {exc.lineno}"
-    if not isinstance(data, dict):
-        return {}, "not a JSON object"
-    return data, None
+        problem = f"{exc.msg} at line {exc.lineno}"
+        try:
+            data = salvage_json_object(text)
+        except RecursionError:
+            data = {}
+    except RecursionError:
+        return {}, "nested too deeply"
+    else:
+        if not isinstance(data, dict):
+            return {}, "not a JSON object"
+        problem = None
+    if check is not None:
+        bad = {key: why for key, why in ((k, check(v)) for k, v in data.items()) if why}
+        if bad:
+            key, why = next(iter(bad.items()))
+            data = {k: v for k, v in data.items() if k not in bad}
+            problem = "; ".join(p for p in (problem, f"{len(bad)} entr{'y' if len(bad) == 1 else 'ies'} of the "
+                                            f"wrong shape, e.g. {key!r}: {why}") if p)
+    return data, problem
+
+
+def _is_number(value: Any) -> bool:
+    """A number as flatbench writes it: int or float (not bool), or "nan" / "inf" / "-inf"."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) or value in ("nan", "inf", "-inf")
+
+
+def measure_entry_problem(entry: Any) -> str | None:
+    """What is wrong with the shape of one measures.json entry, or None for a well-formed one."""
+    if not isinstance(entry, dict):
+        return f"a {type(entry).__name__}, not an object"
+    status = entry.get("status")
+    if status not in ("ok", "error", "not_applicable"):
+        return f"status {status!r} is not ok, error or not_applicable"
+    if status == "ok":
+        values = entry.get("values")
+        if not isinstance(values, dict) or not values:
+            return "an ok entry without its values"
+        for key, value in values.items():
+            if not _is_number(value):
+                return f"value {key!r} is {value!r}, not a number"
+    for key in ("settings", "context", "info"):
+        if key in entry and not isinstance(entry[key], dict):
+            return f"{key} is a {type(entry[key]).__name__}, not an object"
+    if "seconds" in entry and not _is_number(entry["seconds"]):
+        return f"seconds is {entry['seconds']!r}, not a number"
+    if entry.get("larger_is_sharper") not in (None, True, False):
+        return f"larger_is_sharper is {entry['larger_is_sharper']!r}, not true or false"
+    return None
+
+
+ENTRY_CHECKS = {MEASURES_JSON: measure_entry_problem}
+"""Files read with `read_json_salvaged` whose entries have a shape: a wrong-shaped entry is damage (left out,
+and the file reported damaged), never read as a value."""
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
@@ -202,18 +273,109 @@ def list_run_dirs(exp_dir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in base.iterdir() if (p / RUN_JSON).is_file())
 
 
+RUN_STATUSES = ("running", "finished", "preempted", "interrupted", "failed")
+
+
+def run_info_problem(info: Any) -> str | None:
+    """What is wrong with the shape of a run.json, or None. A finished run must hold its config and its
+    final metrics; any run's fields that are there must have their types."""
+    if not isinstance(info, dict):
+        return f"a {type(info).__name__}, not a JSON object"
+    status = info.get("status")
+    if status not in RUN_STATUSES:
+        return f"status {status!r} is not one of {', '.join(RUN_STATUSES)}"
+    for key in ("run_id", "model_sha256", "config_hash", "error"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            return f"{key} is {info[key]!r}, not a string"
+    for key, kind in (("config", dict), ("dataset", dict), ("labels", dict), ("history", list),
+                      ("snapshots", list), ("sweep_axes", list)):
+        if key in info and not isinstance(info[key], kind):
+            return f"{key} is a {type(info[key]).__name__}, not a{'n object' if kind is dict else ' list'}"
+    if any(not isinstance(h, dict) for h in info.get("history", [])):
+        return "history holds an entry that is not an object"
+    for snap in info.get("snapshots", []):
+        if not (isinstance(snap, dict) and _is_number(snap.get("level")) and isinstance(snap.get("path"), str)
+                and not Path(snap["path"]).is_absolute() and ".." not in Path(snap["path"]).parts):
+            return f"snapshots holds {snap!r}, not a snapshot record (level, path inside the run)"
+        if snap.get("model_sha256") is not None and not isinstance(snap["model_sha256"], str):
+            return f"a snapshot's model_sha256 is {snap['model_sha256']!r}, not a string"
+    if status == "finished":
+        if not isinstance(info.get("config"), dict):
+            return "a finished run without its config"
+        if not isinstance(info.get("run_id"), str):
+            return "a finished run without its run_id"
+        for key in ("train_acc", "test_acc", "train_loss", "test_loss"):
+            if not _is_number(info.get(key)):
+                return f"a finished run whose {key} is {info.get(key)!r}, not a number"
+    return None
+
+
 def load_run_info(run_path: str | os.PathLike) -> dict:
-    return read_json(Path(run_path) / RUN_JSON)
+    """A run's run.json, its shape checked (`run_info_problem`): damage is a one-line `FlatbenchError`."""
+    path = Path(run_path) / RUN_JSON
+    info = read_json(path)
+    problem = run_info_problem(info)
+    if problem:
+        raise FlatbenchError(f"{path} is damaged ({problem}); move the run folder away or delete it to retrain")
+    return info
+
+
+def run_json_problem(run_path: str | os.PathLike) -> str | None:
+    """Why a run folder's run.json cannot be used (unreadable or of the wrong shape), or None (also when
+    there is none)."""
+    if not (Path(run_path) / RUN_JSON).is_file():
+        return None
+    try:
+        load_run_info(run_path)
+    except FlatbenchError as exc:
+        return str(exc)
+    return None
 
 
 def is_finished(run_path: str | os.PathLike) -> bool:
+    """A finished run: its run.json readable, well-formed and `finished`, and its model.pt there."""
     path = Path(run_path)
     if not (path / RUN_JSON).is_file() or not (path / MODEL_FILE).is_file():
         return False
     try:
-        return read_json(path / RUN_JSON).get("status") == "finished"
+        return load_run_info(path).get("status") == "finished"
     except FlatbenchError:
         return False
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, blocking: bool = True) -> Iterator[bool]:
+    """An exclusive lock on a folder (flock on the folder itself: no file is left behind, and the kernel
+    releases it when the holding process dies, even by kill -9). Yields True when held; with
+    `blocking=False` yields False at once if another process holds it. Where a folder cannot be locked
+    (some network file systems), a lock file `.measures.lock` in it is locked instead."""
+    import fcntl  # lazy: POSIX only; the rest of store imports on any platform
+
+    folder = Path(folder)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # can this file system lock a folder at all?
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        pass  # it can, and someone holds it: wait for it (or not) below
+    except OSError:
+        try:
+            os.close(fd)
+        except (OSError, UnboundLocalError):
+            pass
+        fd = os.open(folder / ".measures.lock", os.O_CREAT | os.O_RDWR, 0o666 & ~_UMASK)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 LOCK_FILE = ".lock"
@@ -245,10 +407,7 @@ class RunLock:
         self.stale_after = stale_after
         self.held = False
 
-    def _is_stale(self) -> bool:
-        import socket
-        import time
-
+    def is_stale(self) -> bool:
         try:
             host, pid = self.path.read_text().split()[:2]
             age = time.time() - self.path.stat().st_mtime
@@ -259,14 +418,12 @@ class RunLock:
         return age > self.stale_after
 
     def acquire(self) -> None:
-        import socket
-
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
-                if self._is_stale():
+                if self.is_stale():
                     try:
                         os.unlink(self.path)
                     except FileNotFoundError:

@@ -6,6 +6,9 @@
     ctx = context("mlp")              # a MeasureContext on the case's measurement set
     out = measure("mlp", "path_norm") # a registered measure on the case (MeasureOutput)
 
+The catalogue itself lives in the package (`flatbench.measures.contract`, where `flatbench check-measure`
+uses it too); this module re-exports it for the tests and adds their helpers.
+
 Every case is a flatbench model (`flatbench.models`) trained briefly (full-batch Adam, seeded, float64) on
 a seeded balanced subset of mnist_mini's training rows, so that it is not at initialization (non-trivial
 curvature, BatchNorm running statistics that are not 0 and 1) yet cheap; its measurement set is the
@@ -23,131 +26,34 @@ differently:
   case the basis-path (psi) measures are defined for, small enough for a full Hessian over its basis paths;
 - `lenet`      — LeNet-5 on 28×28 inputs;
 - `wrn`        — WRN-10-1 (pre-activation residual blocks, BatchNorm → ReLU → conv junctions) on 7×7 inputs.
+
+`tiny_network(name)` is the second catalogue: untrained float64 nets of a few hundred parameters
+(`TINY_NETWORKS`), small enough for the full Hessian of `torch.autograd.functional.hessian`, which the
+curvature tests take as ground truth.
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from flatbench.config import DataConfig
-from flatbench.data import load_dataset
+from flatbench.curvature import register_piecewise_linear_container
 from flatbench.measures import MeasureOutput, all_measures
 from flatbench.measures.context import MeasureContext
-from flatbench.models import MLP, LeNet5, WideResNet
-
-DTYPE = torch.float64
-N_EXAMPLES = 64
-
-
-@dataclass(frozen=True)
-class Spec:
-    """How a case is built: the architecture, its input resolution, and the training run."""
-
-    arch: str
-    """mlp, lenet or wrn."""
-    pool: int = 1
-    """mnist_mini images average-pooled by this factor (28 → 28 / pool pixels a side)."""
-    widths: tuple[int, ...] = ()
-    bias: bool = True
-    batch_norm: bool = False
-    steps: int = 40
-    lr: float = 5e-3
-    seed: int = 0
-    n: int = N_EXAMPLES
-
-
-SPECS: dict[str, Spec] = {
-    "mlp": Spec("mlp", pool=4, widths=(16, 12)),
-    "mlp_nobias": Spec("mlp", pool=4, widths=(16, 12), bias=False, seed=1),
-    "mlp_bn": Spec("mlp", pool=4, widths=(16, 12), batch_norm=True, seed=2),
-    "mlp_psi": Spec("mlp", pool=7, widths=(5, 5), bias=False, seed=3, steps=60, lr=1e-2),
-    "lenet": Spec("lenet", seed=4, steps=30, lr=3e-3),
-    "wrn": Spec("wrn", pool=4, seed=5, steps=30, lr=3e-3),
-}
-CASES: tuple[str, ...] = tuple(SPECS)
-NUM_CLASSES = 10
-
-FAMILIES_OF: dict[str, frozenset[str]] = {
-    "mlp": frozenset({"layer", "node", "logit_scale"}),
-    "mlp_nobias": frozenset({"layer", "node", "logit_scale"}),
-    "mlp_bn": frozenset({"layer", "node", "bn", "logit_scale"}),
-    "mlp_psi": frozenset({"layer", "node", "logit_scale"}),
-    "lenet": frozenset({"layer", "node", "logit_scale"}),
-    "wrn": frozenset({"layer", "node", "bn", "logit_scale"}),
-}
-"""The rescaling families that apply to each case (known without building it, for parametrizing tests;
-tests/test_rescale.py checks it against `flatbench.rescale.applicable_families`)."""
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    model: nn.Module
-    """The trained model, float64, eval mode. Shared by every test: do not modify (see `copy`)."""
-    inputs: Tensor
-    targets: Tensor
-    num_classes: int
-    config: dict[str, Any] = field(default_factory=dict)
-    """The build spec (architecture, widths, input shape, training steps, learning rate, seed)."""
-
-    def copy(self) -> nn.Module:
-        """A deep copy of the model, to modify freely."""
-        return copy.deepcopy(self.model)
-
-
-@cache
-def _mnist_mini(n: int, pool: int) -> tuple[Tensor, Tensor]:
-    ds = load_dataset(DataConfig(dataset="mnist_mini", n_train=n, n_test=10), seed=0)
-    x = ds.x_train.to(DTYPE)
-    if pool > 1:
-        x = nn.functional.avg_pool2d(x, pool)
-    return x, ds.y_train
-
-
-def _build(spec: Spec, shape: tuple[int, ...]) -> nn.Module:
-    if spec.arch == "mlp":
-        return MLP(shape[0] * shape[1] * shape[2], spec.widths, NUM_CLASSES, bias=spec.bias,
-                   batch_norm=spec.batch_norm)
-    if spec.arch == "lenet":
-        return LeNet5(shape[0], shape[1], NUM_CLASSES)
-    return WideResNet(shape[0], NUM_CLASSES, depth=10, width=1)
-
-
-@cache
-def case(name: str) -> Case:
-    """The trained case `name` (one of CASES), built once per session."""
-    if name not in SPECS:
-        raise KeyError(f"unknown case '{name}' (cases: {', '.join(CASES)})")
-    spec = SPECS[name]
-    x, y = _mnist_mini(spec.n, spec.pool)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = _build(spec, tuple(x.shape[1:])).to(DTYPE)
-        opt = torch.optim.Adam(model.parameters(), lr=spec.lr)
-        model.train()
-        for _ in range(spec.steps):
-            loss = nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    model.eval()
-    config = {"arch": spec.arch, "widths": spec.widths, "bias": spec.bias, "batch_norm": spec.batch_norm,
-              "input_shape": tuple(x.shape[1:]), "n": spec.n, "steps": spec.steps, "lr": spec.lr,
-              "seed": spec.seed, "data": f"mnist_mini train rows, avg-pooled by {spec.pool}"}
-    return Case(name, model, x, y, NUM_CLASSES, config)
-
-
-def context(which: str | Case, model: nn.Module | None = None, **kwargs: Any) -> MeasureContext:
-    """A MeasureContext on a case's measurement set (its model, or `model`, e.g. a transformed copy)."""
-    c = case(which) if isinstance(which, str) else which
-    return MeasureContext(model=c.model if model is None else model, inputs=c.inputs, targets=c.targets,
-                          num_classes=c.num_classes, run_id=f"case-{c.name}", **kwargs)
+from flatbench.measures.contract import (  # noqa: F401
+    CASES,
+    DTYPE,
+    FAMILIES_OF,
+    N_EXAMPLES,
+    NUM_CLASSES,
+    SPECS,
+    Case,
+    Spec,
+    case,
+    context,
+)
 
 
 def measure(which: str | Case, name: str, model: nn.Module | None = None, loss: str = "ce",
@@ -170,3 +76,100 @@ def solver_problem(out_n: int, in_n: int, seed: int) -> tuple[torch.Tensor, torc
     w = torch.randn(out_n, in_n, generator=gen, dtype=torch.float64) * torch.exp(
         torch.randn(1, in_n, generator=gen, dtype=torch.float64))
     return h, w.pow(2)
+
+
+# ---------------------------------------------------------------- tiny networks for brute-force Hessians
+
+TINY_CLASSES = 4
+"""Classes of every tiny network (their logits)."""
+C = TINY_CLASSES
+TINY_NETWORKS = ("mlp", "mlp_bn", "lenet", "resnet", "conv_variants", "linear_3d", "tanh", "mlp_bn_train",
+                 "custom_gelu", "shared_weights", "linear_bias_free")
+"""The curvature tests' untrained nets, small enough for `torch.autograd.functional.hessian`: one per
+structure the exact diagonal treats differently (BatchNorm, pooling, residual additions, conv variants,
+3-D Linear inputs) or refuses (smooth activations, batch statistics, unknown containers, shared weights)."""
+
+
+@register_piecewise_linear_container
+class TinyResNet(nn.Module):
+    """conv-BN-ReLU-conv-BN plus a 1×1-conv shortcut, an inplace ReLU after the add, global pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 3, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(3)
+        self.conv2 = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(3)
+        self.shortcut = nn.Conv2d(2, 3, 1, stride=1)
+        self.head = nn.Sequential(nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(3, C))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn1(self.conv1(x)))
+        return self.head(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+def _eval_bn(model: nn.Module) -> nn.Module:
+    """Random running statistics and affine parameters, so BatchNorm is not close to the identity."""
+    gen = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen))
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
+            m.weight.data.copy_(torch.randn(m.weight.shape, generator=gen))
+            m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen))
+    return model
+
+
+def tiny_network(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    """(a float64 net in eval mode, its input shape per example) of the tiny catalogue `TINY_NETWORKS`:
+    a few hundred parameters at most, so the full Hessian of its loss is cheap. Seeded: the same weights at
+    every call (a fresh module each time, so a test may change it)."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        net = nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 7), nn.ReLU(),
+                            nn.Linear(7, C))
+        shape: tuple[int, ...] = (6,)
+    elif name == "mlp_bn":
+        net = _eval_bn(nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(inplace=True),
+                                     nn.Linear(8, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, C)))
+        shape = (6,)
+    elif name == "lenet":
+        net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Flatten(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, C))
+        shape = (1, 10, 10)
+    elif name == "resnet":
+        net, shape = _eval_bn(TinyResNet()), (2, 5, 5)
+    elif name == "conv_variants":  # stride, dilation, groups, reflect and 'same' padding, avg-pool
+        net = nn.Sequential(nn.Conv2d(2, 4, 3, stride=2, padding=1, padding_mode="reflect"), nn.ReLU(),
+                            nn.Conv2d(4, 4, 3, dilation=2, groups=2, padding="same"), nn.ReLU(),
+                            nn.AvgPool2d(2), nn.Flatten(), nn.Linear(16, C))
+        shape = (2, 9, 9)
+    elif name == "linear_3d":  # a Linear on (n, tokens, features): per-example gradients are not rank one
+        net = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Flatten(), nn.Linear(15, C))
+        shape = (3, 4)
+    elif name == "tanh":  # smooth: the exact diagonal does not apply
+        net, shape = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, C)), (6,)
+    elif name == "mlp_bn_train":  # BatchNorm with batch statistics: not piecewise linear per parameter
+        net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, C))
+        return net.double().train(), (6,)
+    elif name == "custom_gelu":  # an unregistered container whose forward calls F.gelu
+        net, shape = _CustomGelu(), (6,)
+    elif name == "shared_weights":  # one Linear applied twice
+        shared = nn.Linear(4, 4)
+        net, shape = nn.Sequential(shared, nn.ReLU(), shared), (4,)
+    elif name == "linear_bias_free":  # H of rank 2 on one example: an exhausted Krylov space
+        net, shape = nn.Sequential(nn.Linear(3, 3, bias=False)), (3,)
+    else:
+        raise KeyError(f"no tiny network {name!r} (choose one of {', '.join(TINY_NETWORKS)})")
+    return net.double().eval(), shape
+
+
+class _CustomGelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(nn.functional.gelu(self.a(x)))

@@ -58,6 +58,21 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
                           capture_output=True, text=True, timeout=timeout)
 
 
+def cli_ok(result: subprocess.CompletedProcess) -> str:
+    """The stdout of a CLI call that must succeed (its output shown when it did not)."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def cli_one_line_error(result: subprocess.CompletedProcess, *parts: str) -> None:
+    """A CLI call refused as the project refuses bad input: exit 2 and one `error: ...` line holding `parts`."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
 def require_full_data(env_var: str, probe: str) -> Path:
     """The dataset root from `env_var`, checked to contain `probe`; fail on CI, skip elsewhere."""
     root = os.environ.get(env_var)

@@ -209,7 +209,7 @@ def test_list_measures_columns_stay_aligned():
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     header = lines[0]
-    starts = [header.index(col) for col in ("invariant to", "cost", "description")]
+    starts = [header.index(col) for col in ("invariant to", "cost", "dtype", "description")]
     for line in lines[1:]:
         for start in starts:
             assert line[start - 2:start] == "  " and line[start] != " ", line
@@ -259,7 +259,8 @@ def test_loss_target_snapshots_and_the_verdict_by_level(write_config, tmp_path):
     # the same runs judged against a lower loss bar: warned, not hidden
     from flatbench.analysis.report import write_report
 
-    summary = write_report([exp], tmp_path / "r", max_train_loss=1e-3, n_boot=10, echo=lambda _m: None)
+    summary = write_report([exp], tmp_path / "r", min_train_acc=0.0, max_train_loss=1e-3, n_boot=10,
+                           echo=lambda _m: None)
     assert any("ended above train loss 0.001" in w for w in summary.warnings)
 
 

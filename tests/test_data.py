@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from flatbench import data as D
+from flatbench.training.batches import augment_batch, epoch_batches
 from flatbench.config import DataConfig
 from flatbench.errors import DataError
 from flatbench.seeding import make_generator
@@ -248,10 +249,10 @@ def test_measurement_subset() -> None:
 
 @pytest.mark.parametrize("n,bs", [(1000, 128), (256, 128), (5, 10)])
 def test_epoch_batches_cover_each_index_once(n: int, bs: int) -> None:
-    batches = D.epoch_batches(n, bs, make_generator("b", 0))
+    batches = epoch_batches(n, bs, make_generator("b", 0))
     assert torch.equal(torch.sort(torch.cat(batches)).values, torch.arange(n))
     assert [len(b) for b in batches[:-1]] == [bs] * (len(batches) - 1) and 0 < len(batches[-1]) <= bs
-    again = D.epoch_batches(n, bs, make_generator("b", 0))
+    again = epoch_batches(n, bs, make_generator("b", 0))
     assert all(torch.equal(a, b) for a, b in zip(batches, again))
 
 
@@ -265,10 +266,10 @@ def _crops(x: torch.Tensor, pad: int) -> torch.Tensor:
 @pytest.mark.parametrize("flip", [False, True])
 def test_augment_batch_crops_and_flips(flip: bool) -> None:
     x = torch.randn(8, 3, 32, 32, generator=make_generator("x"))
-    out = D.augment_batch(x, make_generator("aug", 0), flip=flip, pad=4)
-    again = D.augment_batch(x, make_generator("aug", 0), flip=flip, pad=4)
+    out = augment_batch(x, make_generator("aug", 0), flip=flip, pad=4)
+    again = augment_batch(x, make_generator("aug", 0), flip=flip, pad=4)
     assert out.shape == x.shape and torch.equal(out, again)
-    assert not torch.equal(out, D.augment_batch(x, make_generator("aug", 1), flip=flip, pad=4))
+    assert not torch.equal(out, augment_batch(x, make_generator("aug", 1), flip=flip, pad=4))
     n_flipped = 0
     for b in range(len(x)):
         plain = (_crops(x[b], 4) == out[b]).flatten(1).all(1).any()

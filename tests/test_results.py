@@ -16,7 +16,7 @@ STUDIES = sorted(p.parent for p in (ROOT / "results" / "cpu").glob("*/correlatio
 
 def test_reproductions_are_committed():
     names = {p.name for p in STUDIES}
-    assert {"tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist"} <= names, names
+    assert {"tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist", "hyperparameters"} <= names, names
 
 
 def _assert_frames_equal(ours: pd.DataFrame, committed: pd.DataFrame, what: str) -> None:

@@ -1,6 +1,8 @@
 """The tables of an invariance audit (`flatbench.study.audit`): the median relative change of each measure
 under each family of function-preserving transformations, which declared invariances it breaks, and the
-correlations with the gap before and after a transformation of every run."""
+correlations with the gap before and after random transformations of every run (the population audit:
+several draws per factor range; `normalize_correlations` also reads the files of the old single-draw
+audit)."""
 
 from __future__ import annotations
 
@@ -68,20 +70,115 @@ def format_summary(summary: Summary) -> str:
     return "\n".join(lines)
 
 
-def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
-    width = max([len("measure")] + [len(m) for m in corr["measure"]])
-    head = (f"{'measure':{width}}  {'n':>3}  {'τ original':>11}  {'τ ' + family:>11}  {'Δτ':>7}  "
-            "median rel. change")
-    lines = [f"Kendall τ with the {gap} gap, before and after one {family} transformation per run", head,
-             "-" * len(head)]
-    def fmt(v: float) -> str:
-        return "n/a" if not math.isfinite(v) else f"{v:+.3f}"
+DELTA_TOL = 1e-12
+"""A declared-invariant measure whose τ moves by more than this under a draw is flagged."""
 
-    for _, r in corr.iterrows():
-        mark = "*" if r["declared_invariant"] else " "
-        rel = r["median_rel_change"]
-        lines.append(f"{r['measure']:{width}}  {r['n']:>3}  {fmt(r['tau_original']):>11}  "
-                     f"{fmt(r['tau_transformed']):>11}  {fmt(r['delta']):>7}  "
-                     f"{'n/a' if not math.isfinite(rel) else f'{rel:.1e}'}{mark}")
-    lines.append(f"* declared invariant to {family}")
+OLD_FORMAT = "single draw (old audit)"
+
+
+def normalize_correlations(corr: pd.DataFrame) -> pd.DataFrame:
+    """An audit_correlations.csv in the current format (one row per measure and factor range, the
+    distribution of Δτ over the draws). A file of the old audit (one transformation per run, columns
+    `tau_transformed, delta, p_transformed`, no factor range recorded) becomes one row per measure with
+    `n_draws = 1`, `max_factor` NaN and `audit_format` = OLD_FORMAT; a current file gets `audit_format`
+    'draws'."""
+    frame = corr.copy()
+    if "max_factor" in frame.columns:
+        frame["audit_format"] = "draws"
+        return frame
+    tau = frame["tau_transformed"].astype(float)
+    delta = frame["delta"].astype(float)
+    frame["max_factor"] = np.nan
+    frame["n_draws"] = 1
+    frame["n_draws_ok"] = np.isfinite(tau).astype(int)
+    frame["tau_mean"] = tau
+    frame["tau_draw_0"] = tau
+    for column in ("delta_mean", "delta_min", "delta_max"):
+        frame[column] = delta
+    frame["delta_absmax"] = delta.abs()
+    frame["p_transformed_max"] = frame.get("p_transformed", np.nan)
+    orig = frame["tau_original"].astype(float)
+    frame["status"] = np.where(~np.isfinite(orig), "no_original",
+                               np.where(~np.isfinite(tau), "no_transformed", "ok"))
+    frame["note"] = ""
+    frame["audit_format"] = OLD_FORMAT
+    return frame
+
+
+def draw_columns(corr: pd.DataFrame) -> list[str]:
+    """The per-draw τ columns (tau_draw_0, tau_draw_1, ...) in draw order."""
+    cols = [c for c in corr.columns if c.startswith("tau_draw_") and c[len("tau_draw_"):].isdigit()]
+    return sorted(cols, key=lambda c: int(c[len("tau_draw_"):]))
+
+
+def factor_ranges(frame: pd.DataFrame) -> list[float]:
+    """The distinct factor ranges of an audit, mild first, "not recorded" (NaN) once and last (NaN is not
+    equal to itself, so a plain set or dict would keep one NaN per row)."""
+    values = [float(v) for v in frame["max_factor"].astype(float)]
+    finite = sorted({v for v in values if not math.isnan(v)})
+    return finite + ([math.nan] if any(math.isnan(v) for v in values) else [])
+
+
+def range_label(max_factor: float) -> str:
+    return "F n/a" if not math.isfinite(float(max_factor)) else f"F={float(max_factor):g}"
+
+
+def invariance_breaks(corr: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """(measure, max_factor, largest |Δτ|) of each declared-invariant measure whose τ moved in a draw."""
+    frame = normalize_correlations(corr)
+    out = []
+    for r in frame.to_dict(orient="records"):
+        d = float(r["delta_absmax"])
+        if bool(r["declared_invariant"]) and math.isfinite(d) and d > DELTA_TOL:
+            out.append((str(r["measure"]), float(r["max_factor"]), d))
+    return out
+
+
+def _fmt(v: float) -> str:
+    return "n/a" if not math.isfinite(float(v)) else f"{float(v):+.3f}"
+
+
+def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
+    """The printed summary: per measure, τ_original and, for each factor range, the mean Δτ over the
+    draws with its [min, max]; n/a where no transformed value exists (never 0)."""
+    frame = normalize_correlations(corr)
+    old = (frame["audit_format"] == OLD_FORMAT).any()
+    factors = factor_ranges(frame)
+    draws = int(frame["n_draws"].max()) if len(frame) else 0
+    width = max([len("measure")] + [len(str(m)) for m in frame["measure"]])
+    cell = 26
+    head = (f"{'measure':{width}}  {'n':>3}  {'τ original':>10}  "
+            + "  ".join(f"{'Δτ ' + range_label(f) + ' mean [min, max]':>{cell}}" for f in factors)
+            + "  median rel. change (per range)")
+    what = (f"one {family} transformation per run ({OLD_FORMAT})" if old else
+            f"{draws} {family} transformation(s) per run for each factor range "
+            + ", ".join(f"[1/{f:g}, {f:g}]" for f in factors))
+    lines = [f"Kendall τ with the {gap} gap, before and after {what}", head, "-" * len(head)]
+    flagged = {(m, f) for m, f, _ in invariance_breaks(frame)}
+    for measure in dict.fromkeys(frame["measure"]):
+        part = frame[frame["measure"] == measure]
+        by_f = {float(r["max_factor"]): r for r in part.to_dict(orient="records")}
+        first = part.iloc[0]
+        cells, rels = [], []
+        mark = "*" if bool(first["declared_invariant"]) else " "
+        for f in factors:
+            r = by_f.get(f) if not math.isnan(f) else part.iloc[0].to_dict()
+            if r is None or not math.isfinite(float(r["delta_mean"])):
+                status = "n/a" if r is None else f"n/a ({r['status']})"
+                cells.append(f"{status:>{cell}}")
+            else:
+                text = f"{_fmt(r['delta_mean'])} [{_fmt(r['delta_min'])}, {_fmt(r['delta_max'])}]"
+                if int(r["n_draws_ok"]) < int(r["n_draws"]):
+                    text += f" ({int(r['n_draws_ok'])}/{int(r['n_draws'])})"
+                cells.append(f"{text:>{cell}}")
+            if r is not None and (measure, f) in flagged:
+                mark = "!"
+            rel = float(r["median_rel_change"]) if r is not None else float("nan")
+            rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
+        n = int(part["n"].min())
+        lines.append(f"{measure:{width}}  {n:>3}  {_fmt(first['tau_original']):>10}  " + "  ".join(cells)
+                     + f"  {' / '.join(rels)}{mark}")
+    lines.append(f"* declared invariant to {family}; ! declared invariant but τ moved by more than "
+                 f"{DELTA_TOL:g} under some draw; n/a: no τ (status no_original, no_transformed), never "
+                 "shown as 0")
     return "\n".join(lines)

@@ -1,19 +1,30 @@
-"""One report document, rendered twice: `report.md` (images by relative path) and a self-contained
-`report.html` (images embedded as base64 data URIs, styles inline, no script, no external reference),
-so the HTML can be mailed, archived or opened on an offline cluster node and still show everything.
+"""One report document, rendered twice: `report.md` (images by relative path, text escaped so that it
+reads the same as plain text and rendered) and a self-contained `report.html` (images embedded as data
+URIs, styles, script and data inline: nothing is fetched, so the page can be mailed, archived or opened
+on an offline cluster node). Without scripts the HTML shows every table and image; the script adds
+sorting, filtering and the scatter plots' hover (`html_assets`).
 
-Text is plain; a `backticked` span becomes code in both outputs (measure names contain underscores that
-Markdown would otherwise read as emphasis).
+Inline markup in text, the same in both outputs: `code` (measure names, whose underscores Markdown
+would read as emphasis), **bold**, and [links](relative/path). Everything else is plain text: escaped
+for Markdown (`_`, `*`, `$`, … are written as `\\_`, …) and for HTML.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
-_CODE_SPAN = re.compile(r"`([^`]+)`")
+from flatbench.analysis.html_assets import CSS, SCRIPT
+
+_INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*|\[([^\]]+)\]\(([^)\s]+)\)")
+_MD_SPECIAL = re.compile(r"([\\`*_<~$])")
+"""What Markdown (GitHub's included: ~strike~, $math$) could read as markup in plain text. Brackets are
+left alone: without a following "(" they are not a link, and "τ [0.78, 0.93]" stays readable."""
+_MD_CELL = re.compile(r"([\\`*_<~$|])")
 
 
 @dataclass
@@ -39,6 +50,12 @@ class Table:
     rows: list[list[str]]
     numeric: list[bool] | None = None
     """Right-align these columns (numbers line up by their digits)."""
+    table_id: str = ""
+    sortable: bool = False
+    filters: list[str] = field(default_factory=list)
+    """Row attributes the page offers filters for (`data-<name>` on each row, values space-separated)."""
+    row_attrs: list[dict[str, str]] | None = None
+    compact: bool = False
 
 
 @dataclass
@@ -54,115 +71,190 @@ class Image:
     png: bytes
     """The image itself, embedded in the HTML."""
     caption: str = ""
+    width: int = 0
+    height: int = 0
+    hover: dict[str, Any] | None = None
+    """Points for the page's hover: {"points": [[x, y, run, panel, value], ...], "panels": [key, ...]}."""
 
 
-Block = Heading | Paragraph | Bullets | Table | CodeBlock | Image
+@dataclass
+class Details:
+    """Blocks a reader opens when they want them (`<details>` in the HTML: collapsed, present without
+    scripts); the markdown shows them under a bold line, since text has no folding."""
+
+    summary: str
+    blocks: list[Heading | Paragraph | Bullets | Table | CodeBlock | Image]
+
+
+Block = Heading | Paragraph | Bullets | Table | CodeBlock | Image | Details
+
+
+def plain(text: str) -> str:
+    """The text without inline markup (for alt texts and titles): `a_b` → a_b, [x](y) → x."""
+    return _INLINE.sub(lambda m: m.group(1) or m.group(2) or m.group(3), text)
+
+
+def md_text(text: str, cell: bool = False) -> str:
+    """Markdown for a text with inline markup: the markup kept, every other special character escaped
+    (in a table `cell`, the column separator | too)."""
+    out, pos = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(_md_escape(text[pos:m.start()], cell))
+        if m.group(1) is not None:
+            out.append(f"`{m.group(1)}`")
+        elif m.group(2) is not None:
+            out.append(f"**{_md_escape(m.group(2), cell)}**")
+        else:
+            out.append(f"[{_md_escape(m.group(3), cell)}]({m.group(4)})")
+        pos = m.end()
+    out.append(_md_escape(text[pos:], cell))
+    return "".join(out).replace("\n", " ")
+
+
+def _md_escape(text: str, cell: bool = False) -> str:
+    """Plain text for Markdown: every character Markdown could read as markup, backslash-escaped."""
+    return (_MD_CELL if cell else _MD_SPECIAL).sub(r"\\\1", text)
+
+
+def inline_html(text: str) -> str:
+    """HTML for a text with inline markup."""
+    out, pos = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(html.escape(text[pos:m.start()], quote=False))
+        if m.group(1) is not None:  # a long key may wrap before its "@loss" or ":variant", not mid-word
+            code = html.escape(m.group(1), quote=False).replace("@", "<wbr>@").replace(":", "<wbr>:")
+            out.append(f"<code>{code}</code>")
+        elif m.group(2) is not None:
+            out.append(f"<strong>{html.escape(m.group(2), quote=False)}</strong>")
+        else:
+            out.append(f'<a href="{html.escape(m.group(4))}">{html.escape(m.group(3), quote=False)}</a>')
+        pos = m.end()
+    out.append(html.escape(text[pos:], quote=False))
+    return "".join(out)
 
 
 @dataclass
 class Document:
     title: str
     blocks: list[Block] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    """Inline data for the page's script (e.g. the runs the hover describes)."""
 
     def add(self, block: Block) -> None:
         self.blocks.append(block)
 
-    # ------------------------------------------------------------------ markdown
     def to_markdown(self) -> str:
-        out = [f"# {self.title}", ""]
+        out = [f"# {md_text(self.title)}", ""]
         for block in self.blocks:
             out.extend(_md_block(block))
             out.append("")
         return "\n".join(out).rstrip() + "\n"
 
-    # ---------------------------------------------------------------------- html
     def to_html(self) -> str:
         toc = [b for b in self.blocks if isinstance(b, Heading) and b.level == 2 and b.anchor]
         body = []
         if toc:
-            links = " · ".join(f'<a href="#{html.escape(h.anchor)}">{_inline_html(h.text)}</a>' for h in toc)
+            links = " · ".join(f'<a href="#{html.escape(h.anchor)}">{inline_html(h.text)}</a>' for h in toc)
             body.append(f'<nav class="toc">{links}</nav>')
-        body.extend(_html_block(b) for b in self.blocks)
+        figures = 0
+        for block in self.blocks:
+            if isinstance(block, Image) and block.hover:
+                figures += 1
+                body.append(_html_image(block, f"fbfig{figures}"))
+            else:
+                body.append(_html_block(block))
+        data = _json_script("fb-data", self.data) if self.data else ""
         return (
             "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-            f"<title>{html.escape(self.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            f"<h1>{_inline_html(self.title)}</h1>\n" + "\n".join(body) + "\n</body>\n</html>\n"
+            f"<title>{html.escape(plain(self.title))}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            f"<h1>{inline_html(self.title)}</h1>\n" + "\n".join(body) + f"\n{data}<script>{SCRIPT}</script>\n"
+            "</body>\n</html>\n"
         )
 
 
-def _md_escape_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def _json_script(element_id: str, payload: Any) -> str:
+    text = json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return f'<script type="application/json" id="{element_id}">{text}</script>\n'
 
 
 def _md_block(block: Block) -> list[str]:
     if isinstance(block, Heading):
-        return ["#" * block.level + " " + block.text]
+        return ["#" * block.level + " " + md_text(block.text)]
     if isinstance(block, Paragraph):
-        return [block.text]
+        return [md_text(block.text)]
     if isinstance(block, Bullets):
-        return [f"- {item}" for item in block.items]
+        return [f"- {md_text(item)}" for item in block.items]
     if isinstance(block, Table):
         numeric = block.numeric or [False] * len(block.headers)
-        lines = ["| " + " | ".join(_md_escape_cell(h) for h in block.headers) + " |",
+        lines = ["| " + " | ".join(md_text(h, cell=True) for h in block.headers) + " |",
                  "|" + "|".join("---:" if num else ":---" for num in numeric) + "|"]
-        lines += ["| " + " | ".join(_md_escape_cell(c) for c in row) + " |" for row in block.rows]
+        lines += ["| " + " | ".join(md_text(c, cell=True) for c in row) + " |" for row in block.rows]
         return lines
+    if isinstance(block, Details):
+        lines = [f"**{md_text(block.summary)}**", ""]
+        for inner in block.blocks:
+            lines += [*_md_block(inner), ""]
+        return lines[:-1]
     if isinstance(block, CodeBlock):
         fence = "````" if "```" in block.text else "```"
         return [fence + block.language, block.text.rstrip("\n"), fence]
     if isinstance(block, Image):
-        lines = [f"![{block.caption or block.relpath}]({block.relpath})"]
+        alt = _md_escape(plain(block.caption or block.relpath).replace("\n", " ").replace("[", "(").replace("]", ")"))
+        lines = [f"![{alt}]({block.relpath})"]
         if block.caption:
-            lines += ["", f"*{block.caption}*"]
+            lines += ["", md_text(block.caption)]
         return lines
     raise TypeError(f"unknown block {type(block).__name__}")
 
 
-def _inline_html(text: str) -> str:
-    return _CODE_SPAN.sub(lambda m: f"<code>{m.group(1)}</code>", html.escape(text, quote=False))
+def _html_table(block: Table) -> str:
+    numeric = block.numeric or [False] * len(block.headers)
+    head = "".join(f"<th>{inline_html(h)}</th>" for h in block.headers)
+    rows = []
+    for i, row in enumerate(block.rows):
+        attrs = (block.row_attrs or [{}] * len(block.rows))[i] if block.row_attrs else {}
+        attr_text = "".join(f' data-{k}="{html.escape(v)}"' for k, v in attrs.items())
+        cells = "".join(f'<td class="num">{inline_html(c)}</td>' if num else f"<td>{inline_html(c)}</td>"
+                        for c, num in zip(row, numeric))
+        rows.append(f"<tr{attr_text}>{cells}</tr>")
+    classes = " ".join(c for c in ("sortable" if block.sortable else "", "compact" if block.compact else "") if c)
+    attrs = (f' id="{html.escape(block.table_id)}"' if block.table_id else "") + \
+        (f' class="{classes}"' if classes else "") + \
+        (f' data-filters="{html.escape(" ".join(block.filters))}"' if block.filters else "")
+    return (f'<div class="tablewrap"><table{attrs}><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def _img_tag(block: Image) -> str:
+    data = base64.b64encode(block.png).decode("ascii")
+    alt = html.escape(plain(block.caption or block.relpath))
+    size = f' width="{block.width}" height="{block.height}"' if block.width and block.height else ""
+    return f'<img src="data:image/png;base64,{data}" alt="{alt}"{size}>'
+
+
+def _html_image(block: Image, fig_id: str) -> str:
+    caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
+    return (f'<figure class="hover" id="{fig_id}"><div class="hoverbox">{_img_tag(block)}</div>{caption}'
+            f"</figure>\n" + _json_script(f"{fig_id}-points", block.hover))
 
 
 def _html_block(block: Block) -> str:
     if isinstance(block, Heading):
         anchor = f' id="{html.escape(block.anchor)}"' if block.anchor else ""
-        return f"<h{block.level}{anchor}>{_inline_html(block.text)}</h{block.level}>"
+        return f"<h{block.level}{anchor}>{inline_html(block.text)}</h{block.level}>"
     if isinstance(block, Paragraph):
-        return f"<p>{_inline_html(block.text)}</p>"
+        return f"<p>{inline_html(block.text)}</p>"
     if isinstance(block, Bullets):
-        return "<ul>" + "".join(f"<li>{_inline_html(i)}</li>" for i in block.items) + "</ul>"
+        return "<ul>" + "".join(f"<li>{inline_html(i)}</li>" for i in block.items) + "</ul>"
     if isinstance(block, Table):
-        numeric = block.numeric or [False] * len(block.headers)
-        head = "".join(f"<th>{_inline_html(h)}</th>" for h in block.headers)
-        rows = []
-        for row in block.rows:
-            cells = "".join(f'<td class="num">{_inline_html(c)}</td>' if num else f"<td>{_inline_html(c)}</td>"
-                            for c, num in zip(row, numeric))
-            rows.append(f"<tr>{cells}</tr>")
-        return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+        return _html_table(block)
+    if isinstance(block, Details):
+        inner = "\n".join(_html_block(b) for b in block.blocks)
+        return f"<details><summary>{inline_html(block.summary)}</summary>\n{inner}\n</details>"
     if isinstance(block, CodeBlock):
         return f"<pre><code>{html.escape(block.text)}</code></pre>"
     if isinstance(block, Image):
-        data = base64.b64encode(block.png).decode("ascii")
-        alt = html.escape(block.caption or block.relpath)
-        caption = f"<figcaption>{_inline_html(block.caption)}</figcaption>" if block.caption else ""
-        return f'<figure><img src="data:image/png;base64,{data}" alt="{alt}">{caption}</figure>'
+        caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
+        return f"<figure>{_img_tag(block)}{caption}</figure>"
     raise TypeError(f"unknown block {type(block).__name__}")
-
-
-_CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;max-width:1100px;
-margin:2em auto;padding:0 1em;color:#111;line-height:1.45}
-h1{font-size:1.6em}h2{font-size:1.3em;border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.8em}
-h3{font-size:1.08em;margin-top:1.4em}
-table{border-collapse:collapse;font-size:.86em;margin:.6em 0}
-th,td{border:1px solid #bbb;padding:.25em .55em;text-align:left;vertical-align:top}
-th{background:#eee}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-tbody tr:nth-child(even){background:#f7f7f7}
-code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.92em}
-pre{background:#f5f5f5;border:1px solid #ddd;padding:.7em;overflow-x:auto;font-size:.85em}
-figure{margin:1em 0}img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{font-size:.85em;color:#444}.scroll{overflow-x:auto}
-nav.toc{font-size:.9em;margin-bottom:1em}
-@media print{body{max-width:none}a{color:inherit;text-decoration:none}}
-"""

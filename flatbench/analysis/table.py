@@ -20,11 +20,13 @@ study swept in `DataFrame.attrs`; all of it can also be recovered from the colum
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from flatbench import store
@@ -62,10 +64,13 @@ class RunRecord:
 
 
 def to_float(value: Any) -> float:
-    """JSON value → float; flatbench stores non-finite floats as the strings "nan", "inf", "-inf"."""
-    if value is None or isinstance(value, bool):
+    """A stored value as a float, NaN when it is none: the one number parser of the analysis.
+
+    flatbench stores non-finite floats as the strings "nan", "inf", "-inf"; a boolean is never a number
+    (JSON true is not 1.0); numpy scalars from a pandas row are numbers."""
+    if value is None or isinstance(value, (bool, np.bool_)):
         return math.nan
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         return float(value)
     if isinstance(value, str):
         try:
@@ -101,25 +106,34 @@ def load_records(exp_dirs: list[Path]) -> list[RunRecord]:
         for run_path in store.list_run_dirs(exp):
             problems: list[str] = []
             try:
-                info = store.read_json(run_path / store.RUN_JSON)
-                if not isinstance(info, dict):
-                    raise FlatbenchError(f"{run_path / store.RUN_JSON} does not hold a JSON object")
+                info = store.load_run_info(run_path)  # its shape checked: damage is damage
             except FlatbenchError as exc:
                 info = {"status": "unreadable"}
                 problems.append(str(exc))
-            measures: dict[str, dict[str, Any]] = {}
-            mpath = run_path / store.MEASURES_JSON
-            if mpath.is_file():
-                try:
-                    raw = store.read_json(mpath)
-                    if not isinstance(raw, dict):
-                        raise FlatbenchError(f"{mpath} does not hold a JSON object")
-                    measures = {str(k): v for k, v in raw.items() if isinstance(v, dict)}
-                except FlatbenchError as exc:
-                    problems.append(str(exc))
+            measures, problem = read_measures_file(run_path / store.MEASURES_JSON)
+            if problem:
+                problems.append(problem)
             records.append(RunRecord(experiment=label, run_id=str(info.get("run_id", run_path.name)),
                                      path=run_path, info=info, measures=measures, problems=problems))
     return records
+
+
+def read_measures_file(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """A measures.json's entries and, if it is damaged (unreadable, not an object, or an entry of the wrong
+    shape: `store.measure_entry_problem`), what is wrong; no file is no entries and no problem."""
+    if not path.is_file():
+        return {}, None
+    try:
+        raw = store.read_json(path)
+    except FlatbenchError as exc:
+        return {}, str(exc)
+    if not isinstance(raw, dict):
+        return {}, f"{path} is damaged (a {type(raw).__name__}, not a JSON object)"
+    bad = {str(k): why for k, why in ((k, store.measure_entry_problem(v)) for k, v in raw.items()) if why}
+    if bad:
+        key, why = next(iter(bad.items()))
+        return {}, f"{path} is damaged ({len(bad)} entr{'y' if len(bad) == 1 else 'ies'} of the wrong shape, e.g. {key!r}: {why})"
+    return {str(k): v for k, v in raw.items()}, None
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -188,6 +202,17 @@ def _config_order(col: str) -> tuple[int, str]:
     return (CONFIG_SECTIONS.index(section) if section in CONFIG_SECTIONS else len(CONFIG_SECTIONS), col)
 
 
+def _run_facts(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataset and label-corruption facts run.json records (`dataset.n_train`, `labels.n_changed`, ...)."""
+    out = {}
+    for section, keys in (("dataset", ("num_classes", "n_train", "n_test")),
+                          ("labels", ("scheme", "ratio", "n_corrupted", "n_changed"))):
+        facts = info.get(section)
+        if isinstance(facts, Mapping):
+            out.update({f"{section}.{key}": facts[key] for key in keys if key in facts})
+    return out
+
+
 def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | None = None) -> pd.DataFrame:
     """One row per run of the given experiment folders (finished or not), measures as columns.
 
@@ -219,13 +244,7 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
         row["reached_target"] = info.get("reached_target")
         row["train_seconds"] = to_float(info.get("seconds"))
         row["device"] = info.get("device")
-        for section, keys in (("dataset", ("num_classes", "n_train", "n_test")),
-                              ("labels", ("scheme", "ratio", "n_corrupted", "n_changed"))):
-            facts = info.get(section)
-            if isinstance(facts, Mapping):
-                for key in keys:
-                    if key in facts:
-                        row[f"{section}.{key}"] = facts[key]
+        row.update(_run_facts(info))
         seconds = 0.0
         for name, entry in rec.measures.items():
             values = _measure_values(entry)

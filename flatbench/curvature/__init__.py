@@ -1,22 +1,51 @@
-"""The curvature engine: exact Hessian diagonal, Hessian-vector products, Hutchinson, Lanczos.
+"""The curvature engine: the loss Hessian as one operator, its exact diagonal, HVPs, Lanczos.
 
-Every Hessian-based measure rests on these primitives; `flatbench.measures.shared` computes them once per
-(model, loss) and shares them between measures.
+Every Hessian-based measure asks one object, `HessianOperator(model, inputs, targets, loss)`, for what it
+needs: `H @ v`, `H.trace()`, `H.diagonal()`, `H.top_eigenvalues()`. `flatbench.measures.shared` builds it
+once per (model, loss) and caches what measures share (the diagonal).
 
-    diagonal.py   the exact Hessian diagonal of piecewise-linear networks (the method is explained there),
-                  with the Hutchinson fallback; which networks qualify (`exact_applicable`)
-    group.py      the same for G same-architecture MLPs at once (one batched computation)
-    hvp.py        Hessian-vector products; Hutchinson's trace and diagonal estimators
-    lanczos.py    top eigenvalues by Lanczos, of the Hessian or of any symmetric operator
-    common.py     chunking, flat parameter vectors, probes, the loss as a function of the parameters
+    operator.py       HessianOperator: products, Hutchinson trace and diagonal, top eigenvalues, and the
+                      choice between the exact and the estimated diagonal
+    diagonal.py       the exact Hessian diagonal of piecewise-linear networks (the method is explained there)
+    applicability.py  which networks qualify (`exact_applicable`), the traced aten operations of a forward
+    group.py          the exact diagonal of G same-architecture MLPs at once (one batched computation)
+    hvp.py            Hessian-vector products (torch.func; double backward where forward mode is missing)
+    lanczos.py        top eigenvalues by Lanczos of any symmetric operator
+    common.py         chunking, flat parameter vectors, probes, the loss as a function of the parameters
 """
 
-from flatbench.curvature.diagonal import (DiagonalResult, exact_applicable, hessian_diagonal, logit_factors,
-                                          per_layer_traces, register_piecewise_linear_container)
+from flatbench.curvature.applicability import (
+    POSITIVELY_HOMOGENEOUS_OPS,
+    exact_applicable,
+    ops_outside,
+    register_piecewise_linear_container,
+    traced_ops,
+)
+from flatbench.curvature.diagonal import DiagonalResult, logit_factors, per_layer_traces
 from flatbench.curvature.group import group_hessian_diagonals, mlp_linears
-from flatbench.curvature.hvp import DEFAULT_HUTCHINSON_PROBES, hutchinson_trace, hvp
-from flatbench.curvature.lanczos import lanczos, lanczos_operator
+from flatbench.curvature.hvp import HVP_MODES, forward_ad_missing, hvp, hvp_mode_of, math_attention, use_hvp_mode
+from flatbench.curvature.lanczos import lanczos_operator
+from flatbench.curvature.operator import DEFAULT_HUTCHINSON_PROBES, HessianOperator, hessian_diagonal
 
-__all__ = ["DEFAULT_HUTCHINSON_PROBES", "DiagonalResult", "exact_applicable", "group_hessian_diagonals",
-           "hessian_diagonal", "hutchinson_trace", "hvp", "lanczos", "lanczos_operator", "logit_factors", "mlp_linears",
-           "per_layer_traces", "register_piecewise_linear_container"]
+__all__ = [
+    "DEFAULT_HUTCHINSON_PROBES",
+    "HVP_MODES",
+    "POSITIVELY_HOMOGENEOUS_OPS",
+    "DiagonalResult",
+    "HessianOperator",
+    "exact_applicable",
+    "forward_ad_missing",
+    "group_hessian_diagonals",
+    "hessian_diagonal",
+    "hvp",
+    "hvp_mode_of",
+    "lanczos_operator",
+    "logit_factors",
+    "math_attention",
+    "mlp_linears",
+    "ops_outside",
+    "per_layer_traces",
+    "register_piecewise_linear_container",
+    "traced_ops",
+    "use_hvp_mode",
+]

@@ -3,28 +3,28 @@ function of the parameters, and a context that turns autograd on for a frozen mo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
 
-
-def _chunks(inputs: Tensor, targets: Tensor, chunk_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+def chunks(inputs: Tensor, targets: Tensor, chunk_size: int) -> Iterator[tuple[Tensor, Tensor]]:
     for i in range(0, int(inputs.shape[0]), max(1, int(chunk_size))):
         yield inputs[i:i + chunk_size], targets[i:i + chunk_size]
 
 
-def _params(model: nn.Module) -> dict[str, Tensor]:
+def detached_params(model: nn.Module) -> dict[str, Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-def _flatten(tensors: dict[str, Tensor], names: list[str], dtype: torch.dtype | None = None) -> Tensor:
+def flatten(tensors: dict[str, Tensor], names: list[str], dtype: torch.dtype | None = None) -> Tensor:
     return torch.cat([tensors[n].reshape(-1).to(dtype or tensors[n].dtype) for n in names])
 
 
-def _unflatten(flat: Tensor, like: dict[str, Tensor], dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+def unflatten(flat: Tensor, like: dict[str, Tensor], dtype: torch.dtype | None = None) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     offset = 0
     for name, ref in like.items():
@@ -36,7 +36,7 @@ def _unflatten(flat: Tensor, like: dict[str, Tensor], dtype: torch.dtype | None 
     return out
 
 
-def _rademacher(like: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
+def rademacher(like: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
     """±1 probes, drawn on the generator's device (so a seed gives the same probes on any machine of
     that device type) and moved to each parameter's device."""
     out = {}
@@ -46,7 +46,7 @@ def _rademacher(like: dict[str, Tensor], generator: torch.Generator) -> dict[str
     return out
 
 
-class _GradMode:
+class GradMode:
     """Enable autograd and make every parameter require grad for the duration (measures may run under
     `torch.no_grad()` or on frozen models); restores both afterwards."""
 
@@ -61,13 +61,13 @@ class _GradMode:
             self.saved.append((p, p.requires_grad))
             p.requires_grad_(True)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for p, flag in self.saved:
             p.requires_grad_(flag)
         self.ctx.__exit__(*exc)
 
 
-def _loss_fn(model: nn.Module, buffers: dict[str, Tensor], x: Tensor, y: Tensor, loss: Callable,
+def loss_fn(model: nn.Module, buffers: dict[str, Tensor], x: Tensor, y: Tensor, loss: Callable,
              weight: float) -> Callable[[dict[str, Tensor]], Tensor]:
     """The chunk's share of the mean loss as a function of the parameters (for torch.func)."""
     def fn(params: dict[str, Tensor]) -> Tensor:
@@ -75,7 +75,7 @@ def _loss_fn(model: nn.Module, buffers: dict[str, Tensor], x: Tensor, y: Tensor,
     return fn
 
 
-def _buffers(model: nn.Module) -> dict[str, Tensor]:
+def detached_buffers(model: nn.Module) -> dict[str, Tensor]:
     """Buffers for functional_call; cloned when some module is in train mode so that BatchNorm's
     running statistics of the model are not updated by a measurement."""
     bufs = dict(model.named_buffers())
@@ -86,7 +86,7 @@ def _buffers(model: nn.Module) -> dict[str, Tensor]:
 
 
 
-class _Welford:
+class Welford:
     """Running mean and variance in float64 (numerically stable, one pass over the probes)."""
 
     def __init__(self) -> None:

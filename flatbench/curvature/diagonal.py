@@ -1,4 +1,4 @@
-"""The exact Hessian diagonal of a loss on the logits, for piecewise-linear networks (else Hutchinson).
+"""The exact Hessian diagonal of a loss on the logits, for piecewise-linear networks.
 
 **Exact diagonal.** For a network whose logits are piecewise linear in every *single* parameter (Linear,
 Conv2d, ReLU, max/avg pooling, flatten, residual additions, BatchNorm with running statistics),
@@ -40,106 +40,23 @@ dominate); BackPACK's `DiagGGNExact` ≈ 6.9 and 6.6 in the same run. Part of Le
 chunks, which also speed up the gradient and BackPACK: with --chunk-size 250 for all of them it is MLP
 ≈ 2.8 and LeNet ≈ 7.3 gradients against BackPACK's 4.4 and 9.5.
 
-Where the premise fails (smooth activations, BatchNorm in train mode, unknown modules, weight sharing)
-the diagonal comes from Hutchinson's estimator E[z ⊙ Hz] with Rademacher z, and the result says so.
+Which networks qualify is decided in `curvature.applicability`. Where the premise fails (smooth
+activations, BatchNorm in train mode, unknown modules, weight sharing) `HessianOperator.diagonal` uses
+Hutchinson's estimator E[z ⊙ Hz] with Rademacher z instead, and the result says so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flatbench.curvature.common import _chunks, _GradMode, _params, _rademacher, _Welford
-from flatbench.seeding import make_generator
-from flatbench.curvature.hvp import DEFAULT_HUTCHINSON_PROBES, hvp
-
-# ---------------------------------------------------------------- applicability
-
-_PARAM_LEAVES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d)
-"""Parametrized leaves whose per-example squared gradients this module knows how to assemble."""
-
-_PIECEWISE_LINEAR_LEAVES: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.LeakyReLU, nn.ReLU6, nn.Hardtanh, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d,
-    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Flatten, nn.Unflatten,
-    nn.Identity, nn.ZeroPad2d, nn.ConstantPad2d)
-"""Parameter-free leaves that are piecewise linear in their input (second derivative zero a.e.)."""
-
-_DROPOUTS: tuple[type[nn.Module], ...] = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout)
-
-_TORCH_CONTAINERS: tuple[type[nn.Module], ...] = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
-_EXTRA_CONTAINERS: set[type[nn.Module]] = set()
-
-
-def register_piecewise_linear_container(cls: type[nn.Module]) -> type[nn.Module]:
-    """Vouch that `cls.forward` only combines its children with piecewise-linear ops (e.g. a residual add).
-
-    A container's forward may do anything (an `F.gelu` between two children would break the exact
-    premise silently), so classes outside torch's containers and `flatbench.models` are not trusted
-    unless registered here. Usable as a class decorator.
-    """
-    _EXTRA_CONTAINERS.add(cls)
-    return cls
-
-
-def _is_known_container(module: nn.Module) -> bool:
-    cls = type(module)
-    return (isinstance(module, _TORCH_CONTAINERS) or cls in _EXTRA_CONTAINERS
-            or cls.__module__ == "flatbench.models" or cls.__module__.startswith("flatbench.models."))
-
-
-def _unmodified_forward(module: nn.Module, base: type[nn.Module]) -> bool:
-    """A subclass of a known layer is only trusted when it keeps the base class's forward."""
-    return getattr(type(module), "forward", None) is getattr(base, "forward")
-
-
-def exact_applicable(model: nn.Module) -> tuple[bool, str]:
-    """Whether the exact-diagonal premise holds for `model`, and if not, why.
-
-    The premise is that the logits are piecewise linear in every single parameter; it is decided by a
-    walk over the modules: known parametrized layers (Linear, Conv2d, BatchNorm with running statistics
-    in eval mode), piecewise-linear parameter-free leaves, dropout that is inactive, and containers whose
-    forward is trusted (torch containers, `flatbench.models` classes, registered classes) that hold no
-    parameters of their own. Anything else, or a parameter shared by two modules, means no.
-    """
-    owners: dict[int, str] = {}
-    for name, module in model.named_modules():
-        where = f"'{name or type(module).__name__}' ({type(module).__name__})"
-        direct = list(module.named_parameters(recurse=False))
-        for pname, param in direct:
-            if id(param) in owners:
-                return False, f"parameter {name}.{pname} is shared with {owners[id(param)]} (weight sharing)"
-            owners[id(param)] = f"{name}.{pname}"
-        base = next((b for b in _PARAM_LEAVES if isinstance(module, b)), None)
-        if base is not None:
-            if not _unmodified_forward(module, base):
-                return False, f"{where} overrides the forward of {base.__name__}"
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                if module.training:
-                    return False, f"{where} is in train mode (batch statistics couple the examples)"
-                if module.running_mean is None or module.running_var is None:
-                    return False, f"{where} has no running statistics (it always uses batch statistics)"
-            continue
-        if direct:
-            return False, f"{where} holds parameters the exact diagonal does not know how to handle"
-        if isinstance(module, _PIECEWISE_LINEAR_LEAVES):
-            continue
-        if isinstance(module, _DROPOUTS):
-            if module.training and module.p > 0:
-                return False, f"{where} is active (train mode)"
-            continue
-        if _is_known_container(module):
-            continue
-        if next(module.children(), None) is None:
-            return False, f"{where} is not known to be piecewise linear"
-        return False, (f"{where} is a container whose forward is not known to be piecewise linear "
-                       f"(see register_piecewise_linear_container)")
-    return True, "piecewise linear in every single parameter"
-
+from flatbench.curvature.applicability import PARAM_LEAVES
+from flatbench.curvature.common import GradMode, chunks
 
 # ---------------------------------------------------------------- results
 
@@ -171,37 +88,10 @@ def per_layer_traces(result: DiagonalResult) -> dict[str, float]:
     return {name: float(d.sum()) for name, d in result.diag.items()}
 
 
-def _hutchinson_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *,
-                         generator: torch.Generator, probes: int, chunk_size: int, reason: str
-                         ) -> DiagonalResult:
-    """diag H ≈ mean of z ⊙ Hz (Rademacher z: E[z_i z_j] = δ_ij, so the mean is unbiased), with
-    per-element standard errors and per-tensor trace standard errors from the per-probe sums."""
-    params = _params(model)
-    elem = {k: _Welford() for k in params}
-    per_tensor = {k: _Welford() for k in params}
-    total = _Welford()
-    for _ in range(max(1, probes)):
-        z = _rademacher(params, generator)
-        hz = hvp(model, inputs, targets, loss, z, chunk_size=chunk_size)
-        sample_total = 0.0
-        for k in params:
-            sample = z[k].double() * hz[k].double()
-            elem[k].add(sample)
-            s = float(sample.sum())
-            per_tensor[k].add(s)
-            sample_total += s
-        total.add(sample_total)
-    stderr = {k: w.stderr() for k, w in elem.items()}
-    return DiagonalResult(diag={k: w.mean for k, w in elem.items()}, method="hutchinson", stderr=stderr,
-                          probes=total.count,
-                          trace_stderr={k: float(w.stderr()) for k, w in per_tensor.items()},
-                          total_trace_stderr=float(total.stderr()), reason=reason, n=int(inputs.shape[0]))
-
-
 # ---------------------------------------------------------------- exact diagonal
 
 
-class _NotExact(Exception):
+class NotExact(Exception):
     """Raised during the exact computation when a runtime check finds the premise broken."""
 
 
@@ -260,7 +150,7 @@ def _record_hook(acc: _Accumulator) -> Callable:
         elif isinstance(module, nn.Conv2d):
             kind, saved = "conv", a.detach()
             if a.dim() != 4:
-                raise _NotExact(f"Conv2d input without a batch dimension ({a.dim()}-D)")
+                raise NotExact(f"Conv2d input without a batch dimension ({a.dim()}-D)")
         else:
             kind = "bn"
             shape = [1, -1] + [1] * (a.dim() - 2)
@@ -397,7 +287,7 @@ def _unfold(conv: nn.Conv2d, a: Tensor, spatial: int) -> Tensor:
     ho = (a.shape[2] - dh * (kh - 1) - 1) // sh + 1
     wo = (a.shape[3] - dw * (kw - 1) - 1) // sw + 1
     if ho * wo != spatial:
-        raise _NotExact("Conv2d output size does not match its input")
+        raise NotExact("Conv2d output size does not match its input")
     st = a.stride()
     cols = a.as_strided((a.shape[0], a.shape[1], kh, kw, ho, wo),
                         (st[0], st[1], st[2] * dh, st[3] * dw, st[2] * sh, st[3] * sw))
@@ -479,7 +369,7 @@ def _exact_chunk(model: nn.Module, x: Tensor, y: Tensor, loss: Any, acc: _Accumu
     for r in acc.records:
         counts[id(r.module)] = counts.get(id(r.module), 0) + 1
         if counts[id(r.module)] > 1:
-            raise _NotExact(f"module {type(r.module).__name__} is called more than once per forward "
+            raise NotExact(f"module {type(r.module).__name__} is called more than once per forward "
                             f"(weight sharing: the logits are not piecewise linear in its parameters)")
     changed = any(r.out._version != r.out_version or
                   (r.in_tensor is not None and r.in_tensor._version != r.in_version) for r in acc.records)
@@ -488,9 +378,9 @@ def _exact_chunk(model: nn.Module, x: Tensor, y: Tensor, loss: Any, acc: _Accumu
         _exact_chunk(model, x, y, loss, acc)
         return
     if changed:
-        raise _NotExact("a recorded layer output is modified in place even after copying")
+        raise NotExact("a recorded layer output is modified in place even after copying")
     if logits.dim() != 2:
-        raise _NotExact(f"the model output has shape {tuple(logits.shape)}, expected (n, C) logits")
+        raise NotExact(f"the model output has shape {tuple(logits.shape)}, expected (n, C) logits")
     records = [r for r in acc.records if r.out.requires_grad]
     acc.records = []
     vecs, signs = _scaled_factors(loss, logits.detach(), y)
@@ -578,7 +468,7 @@ def _chunk_size(model: nn.Module, x: Tensor, batched: bool, chunk_size: int, bud
             size = out.numel() * out.element_size()
             acts[0] += size
             acts[3] = max(acts[3], size)
-            if isinstance(m, _PARAM_LEAVES):
+            if isinstance(m, PARAM_LEAVES):
                 acts[2] += size
             if isinstance(m, nn.Conv2d):
                 unfolded = size // m.out_channels * m.in_channels * m.kernel_size[0] * m.kernel_size[1]
@@ -604,12 +494,12 @@ def _chunk_size(model: nn.Module, x: Tensor, batched: bool, chunk_size: int, bud
     return max(1, step)
 
 
-def _exact_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any, *, max_memory_mb: int,
+def exact_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any, *, max_memory_mb: int,
                     chunk_size: int) -> DiagonalResult:
     names: dict[int, tuple[str | None, str | None]] = {}
     covered: set[str] = set()
     param_names = {id(p): n for n, p in model.named_parameters()}
-    modules = [m for m in model.modules() if isinstance(m, _PARAM_LEAVES)
+    modules = [m for m in model.modules() if isinstance(m, PARAM_LEAVES)
                and any(p is not None for p in (getattr(m, "weight", None), getattr(m, "bias", None)))]
     for m in modules:
         w = param_names.get(id(m.weight)) if getattr(m, "weight", None) is not None else None
@@ -618,7 +508,7 @@ def _exact_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any
         covered.update(x for x in (w, b) if x is not None)
     missing = [n for n in param_names.values() if n not in covered]
     if missing:
-        raise _NotExact(f"parameters not owned by a Linear/Conv2d/BatchNorm layer: {missing[:3]}")
+        raise NotExact(f"parameters not owned by a Linear/Conv2d/BatchNorm layer: {missing[:3]}")
     budget = int(max_memory_mb) * 2 ** 20
     diag = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
     acc = _Accumulator(names=names, diag=diag, budget_bytes=budget, batched=bool(_BATCHED_BACKWARD))
@@ -627,8 +517,8 @@ def _exact_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any
     step = -(-n // max(1, -(-n // step))) if n else step  # equal chunks: 2000 in 2 × 1000, not 1480 + 520
     handles = [m.register_forward_hook(_record_hook(acc)) for m in modules]
     try:
-        with _GradMode(model):
-            for x, y in _chunks(inputs, targets, step):
+        with GradMode(model):
+            for x, y in chunks(inputs, targets, step):
                 _exact_chunk(model, x, y, loss, acc)
     finally:
         for h in handles:
@@ -636,36 +526,3 @@ def _exact_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any
         acc.records = []
     return DiagonalResult(diag={k: v / n for k, v in diag.items()}, method="exact",
                           reason="piecewise linear in every single parameter", n=n)
-
-
-def hessian_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any, *,
-                     max_memory_mb: int = 1024, chunk_size: int = 2000,
-                     generator: torch.Generator | None = None,
-                     hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES, method: str = "auto"
-                     ) -> DiagonalResult:
-    """diag H of the mean loss over (inputs, targets): exact where the premise holds, else Hutchinson.
-
-    `method` is 'auto' (exact when `exact_applicable`, otherwise Hutchinson), 'exact' (raises ValueError
-    when not applicable) or 'hutchinson'. `loss` is a `flatbench.losses.LogitLoss` (it must provide
-    `logit_hessian` for the exact path). The generator is only used by Hutchinson; without one a fixed
-    seed is used so results stay reproducible.
-    """
-    if method not in ("auto", "exact", "hutchinson"):
-        raise ValueError(f"method must be auto, exact or hutchinson, got {method!r}")
-    ok, reason = exact_applicable(model)
-    if method == "exact" and not ok:
-        raise ValueError(f"exact Hessian diagonal not applicable: {reason}")
-    if ok and method != "hutchinson":
-        try:
-            return _exact_diagonal(model, inputs, targets, loss, max_memory_mb=max_memory_mb,
-                                   chunk_size=chunk_size)
-        except _NotExact as exc:
-            if method == "exact":
-                raise ValueError(f"exact Hessian diagonal not applicable: {exc}") from None
-            reason = str(exc)
-    elif method == "hutchinson" and ok:
-        reason = "hutchinson requested"
-    if generator is None:
-        generator = make_generator("hessian_diagonal", "default", device=inputs.device)
-    return _hutchinson_diagonal(model, inputs, targets, loss, generator=generator, probes=hutchinson_probes,
-                                chunk_size=chunk_size, reason=reason)

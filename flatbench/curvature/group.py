@@ -26,7 +26,8 @@ there with the same script before any wiring.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -79,83 +80,105 @@ def group_hessian_diagonals(models: Sequence[nn.Module], inputs: Tensor, targets
         return []
     layers = [mlp_linears(m) for m in models]
     sig = _signature(layers[0])
+    x, n = _checked_inputs(layers, sig, inputs, targets, per_model_inputs)
+    g_count, dtype, device = len(models), inputs.dtype, inputs.device
+    with torch.no_grad():
+        stack = _Stack.of(layers, sig, dtype)
+        diag_w = [torch.zeros(g_count, o, i, dtype=torch.float64, device=device) for i, o, _ in sig]
+        diag_b = [torch.zeros(g_count, o, dtype=torch.float64, device=device) if has else None
+                  for _, o, has in sig]
+        # per example: activations and masks of every layer for every model, and K output gradients at
+        # the widest layer (twice, old and new), all in `dtype`
+        widest = max(max(i, o) for i, o, _ in sig)
+        factors = max(1, sig[-1][1])
+        per_ex = g_count * (3 * sum(o for _, o, _ in sig) + sig[0][0] + 3 * factors * widest) * x.element_size()
+        step = max(1, min(int(chunk_size), int(max_memory_mb) * 2 ** 20 // max(1, per_ex)))
+        for s in range(0, n, step):
+            xs = x[s:s + step] if x.dim() == 2 else x[:, s:s + step]
+            _accumulate_chunk(stack, xs, targets[:, s:s + step], loss, diag_w, diag_b)
+    return [_result(model, layers[gi], [d[gi] for d in diag_w], [None if d is None else d[gi] for d in diag_b], n)
+            for gi, model in enumerate(models)]
+
+
+def _checked_inputs(layers: list[list[nn.Linear]], sig: list[tuple[int, int, bool]], inputs: Tensor,
+                    targets: Tensor, per_model_inputs: bool) -> tuple[Tensor, int]:
+    """The inputs as (n, in) or (G, n, in) rows and n, after checking that the models share one
+    architecture and that inputs and targets have the shapes the docstring of the caller states."""
     for i, ls in enumerate(layers[1:], 1):
         if _signature(ls) != sig:
             raise ValueError(f"group diagonal needs identical architectures: model {i} differs from model 0")
-    g_count = len(models)
-    dtype, device = inputs.dtype, inputs.device
-    shared = not per_model_inputs
-    if not shared and int(inputs.shape[0]) != g_count:
+    g_count = len(layers)
+    if per_model_inputs and int(inputs.shape[0]) != g_count:
         raise ValueError(f"per-model inputs must have shape (G, n, ...) with G = {g_count}, "
                          f"got {tuple(inputs.shape)}")
-    n = int(inputs.shape[0] if shared else inputs.shape[1])
-    x = inputs.reshape(n, -1) if shared else inputs.reshape(g_count, n, -1)
+    n = int(inputs.shape[1] if per_model_inputs else inputs.shape[0])
+    x = inputs.reshape(g_count, n, -1) if per_model_inputs else inputs.reshape(n, -1)
     if x.shape[-1] != sig[0][0]:
         raise ValueError(f"inputs have {x.shape[-1]} features, the first Linear expects {sig[0][0]}")
     if tuple(targets.shape) != (g_count, n):
         raise ValueError(f"targets must have shape (G, n) = ({g_count}, {n}), got {tuple(targets.shape)}")
+    return x, n
 
-    with torch.no_grad():
-        # weights as (G, in, out) so that a (G, n, in) @ W gives (G, n, out); W_l (G, out, in) for backward
+
+class _Stack:
+    """The G models' weights stacked per layer: w_t (G, in, out) for the forward pass, w (G, out, in) for
+    the backward pass, b (G, 1, out) or None."""
+
+    def __init__(self, w_t: list[Tensor], w: list[Tensor], b: list[Tensor | None], g_count: int):
+        self.w_t, self.w, self.b, self.g_count = w_t, w, b, g_count
+
+    @classmethod
+    def of(cls, layers: list[list[nn.Linear]], sig: list[tuple[int, int, bool]], dtype: torch.dtype) -> "_Stack":
         w_t = [torch.stack([ls[l].weight.detach().to(dtype) for ls in layers]).transpose(1, 2).contiguous()
                for l in range(len(sig))]
-        w = [t.transpose(1, 2).contiguous() for t in w_t]
         b = [torch.stack([ls[l].bias.detach().to(dtype) for ls in layers])[:, None, :] if sig[l][2] else None
              for l in range(len(sig))]
-        diag_w = [torch.zeros(g_count, o, i, dtype=torch.float64, device=device) for i, o, _ in sig]
-        diag_b = [torch.zeros(g_count, o, dtype=torch.float64, device=device) if has else None
-                  for _, o, has in sig]
+        return cls(w_t, [t.transpose(1, 2).contiguous() for t in w_t], b, len(layers))
 
-        num_classes = sig[-1][1]
-        factors = max(1, num_classes)
-        # per example: activations and masks of every layer for every model, and K output gradients at
-        # the widest layer (twice, old and new), all in `dtype`
-        widest = max(max(i, o) for i, o, _ in sig)
-        per_ex = g_count * (3 * sum(o for _, o, _ in sig) + sig[0][0] + 3 * factors * widest) * x.element_size()
-        step = max(1, min(int(chunk_size), int(max_memory_mb) * 2 ** 20 // max(1, per_ex)))
-        for s in range(0, n, step):
-            xs = x[s:s + step] if shared else x[:, s:s + step]
-            m = int(xs.shape[-2])
-            acts: list[Tensor] = []  # input of each Linear, (G, m, in)
-            masks: list[Tensor] = []  # ReLU derivative at each hidden layer, (G, m, out)
-            a = xs
-            for l in range(len(sig)):
-                acts.append(a if a.dim() == 3 else a.expand(g_count, m, -1))
-                z = torch.matmul(a, w_t[l])  # shared (m, in) @ (G, in, out) broadcasts to (G, m, out)
-                if b[l] is not None:
-                    z = z + b[l]
-                if l < len(sig) - 1:
-                    mask = z > 0
-                    masks.append(mask)
-                    a = z * mask
-                else:
-                    a = z
-            logits = a  # (G, m, C)
-            lam, vecs = logit_factors(loss, logits.reshape(g_count * m, num_classes),
-                                       targets[:, s:s + step].reshape(g_count * m))
-            k = lam.shape[-1]
-            lam = lam.to(dtype).reshape(g_count, m, k)
-            # output gradients of the K factors, (G, K, m, C)
-            g = vecs.to(dtype).reshape(g_count, m, num_classes, k).permute(0, 3, 1, 2)
-            lam_k = lam.permute(0, 2, 1)[..., None]  # (G, K, m, 1)
-            for l in range(len(sig) - 1, -1, -1):
-                sq = (lam_k * g * g).sum(1)  # (G, m, out): Σ_c λ_c g_c²
-                a_in = acts[l]
-                diag_w[l] += torch.bmm(sq.transpose(1, 2), a_in * a_in).to(torch.float64)
-                if diag_b[l] is not None:
-                    diag_b[l] += sq.sum(1).to(torch.float64)
-                if l > 0:
-                    gk = torch.matmul(g.reshape(g_count, k * m, -1), w[l]).reshape(g_count, k, m, -1)
-                    g = gk * masks[l - 1][:, None]
 
-    results = []
-    for gi, model in enumerate(models):
-        ids = {id(p): name for name, p in model.named_parameters()}
-        diag: dict[str, Tensor] = {}
-        for l, lin in enumerate(layers[gi]):
-            diag[ids[id(lin.weight)]] = diag_w[l][gi] / n
-            if lin.bias is not None:
-                diag[ids[id(lin.bias)]] = diag_b[l][gi] / n
-        results.append(DiagonalResult(diag=diag, method="exact", n=n,
-                                      reason="piecewise linear in every single parameter (grouped MLP)"))
-    return results
+def _accumulate_chunk(stack: _Stack, xs: Tensor, targets: Tensor, loss: Any, diag_w: list[Tensor],
+                      diag_b: list[Tensor | None]) -> None:
+    """Add one chunk's Σ_n Σ_c λ_nc (g_nc a_nᵀ)² to every model's weight (and bias) diagonal: the forward
+    pass keeps each layer's input and ReLU mask, the logit factors start the backward pass."""
+    g_count, depth = stack.g_count, len(stack.w_t)
+    m = int(xs.shape[-2])
+    acts: list[Tensor] = []  # input of each Linear, (G, m, in)
+    masks: list[Tensor] = []  # ReLU derivative at each hidden layer, (G, m, out)
+    a = xs
+    for l in range(depth):
+        acts.append(a if a.dim() == 3 else a.expand(g_count, m, -1))
+        z = torch.matmul(a, stack.w_t[l])  # shared (m, in) @ (G, in, out) broadcasts to (G, m, out)
+        if stack.b[l] is not None:
+            z = z + stack.b[l]
+        if l < depth - 1:
+            masks.append(z > 0)
+            a = z * masks[-1]
+        else:
+            a = z
+    num_classes = a.shape[-1]  # a: the logits, (G, m, C)
+    lam, vecs = logit_factors(loss, a.reshape(g_count * m, num_classes), targets.reshape(g_count * m))
+    k = lam.shape[-1]
+    # output gradients of the K factors, (G, K, m, C), and their signs/scales (G, K, m, 1)
+    g = vecs.to(xs.dtype).reshape(g_count, m, num_classes, k).permute(0, 3, 1, 2)
+    lam_k = lam.to(xs.dtype).reshape(g_count, m, k).permute(0, 2, 1)[..., None]
+    for l in range(depth - 1, -1, -1):
+        sq = (lam_k * g * g).sum(1)  # (G, m, out): Σ_c λ_c g_c²
+        diag_w[l] += torch.bmm(sq.transpose(1, 2), acts[l] * acts[l]).to(torch.float64)
+        if diag_b[l] is not None:
+            diag_b[l] += sq.sum(1).to(torch.float64)
+        if l > 0:
+            gk = torch.matmul(g.reshape(g_count, k * m, -1), stack.w[l]).reshape(g_count, k, m, -1)
+            g = gk * masks[l - 1][:, None]
+
+
+def _result(model: nn.Module, linears: list[nn.Linear], diag_w: list[Tensor], diag_b: list[Tensor | None],
+            n: int) -> DiagonalResult:
+    """One model's DiagonalResult, keyed by its own parameter names."""
+    ids = {id(p): name for name, p in model.named_parameters()}
+    diag: dict[str, Tensor] = {}
+    for l, lin in enumerate(linears):
+        diag[ids[id(lin.weight)]] = diag_w[l] / n
+        if lin.bias is not None:
+            diag[ids[id(lin.bias)]] = diag_b[l] / n
+    return DiagonalResult(diag=diag, method="exact", n=n,
+                          reason="piecewise linear in every single parameter (grouped MLP)")

@@ -1,34 +1,65 @@
-"""Hessian-vector products (torch.func, reverse-over-forward, over the whole measurement set in chunks)
-and Hutchinson's estimators of the trace and the diagonal (Rademacher probes, Welford statistics)."""
+"""Hessian-vector products (torch.func, reverse-over-forward, over the whole measurement set in chunks):
+the primitive `HessianOperator` applies (`H @ v`), with the modes and the double-backward fallback."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import grad, jvp
 
-from flatbench.curvature.common import (_buffers, _chunks, _flatten, _loss_fn, _params, _rademacher,
-                                        _unflatten, _Welford)
+from flatbench.curvature.common import (
+    detached_buffers,
+    chunks,
+    flatten,
+    loss_fn,
+    detached_params,
+    unflatten,
+)
 
-HVP_MODES = ("rev_fwd", "fwd_rev", "double_backward")
-"""Ways to compute a Hessian-vector product (`hvp`'s mode): reverse-over-forward (default), forward-over-
+HVP_MODES = ("auto", "rev_fwd", "fwd_rev", "double_backward")
+"""Ways to compute a Hessian-vector product (`hvp`'s mode): auto (reverse-over-forward, falling back to
+double backward where an operator has no forward-mode derivative), reverse-over-forward, forward-over-
 reverse, double backward."""
-DEFAULT_HUTCHINSON_PROBES = 100
-"""Probes of the Hutchinson fallback diagonal (and of `hutchinson_trace` when neither probes nor rtol)."""
+_MODE_OF: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+"""The HVP mode chosen for a model (`use_hvp_mode`), and the fallback `auto` found for it."""
+
+
+def use_hvp_mode(model: nn.Module, mode: str) -> None:
+    """Make every HVP of `model` (Hutchinson, Lanczos, the measures) use `mode` (one of HVP_MODES)."""
+    if mode not in HVP_MODES:
+        raise ValueError(f"hvp mode must be one of {', '.join(HVP_MODES)}, got {mode!r}")
+    _MODE_OF[model] = mode
+
+
+def hvp_mode_of(model: nn.Module) -> str:
+    """The mode `hvp` uses for `model` by default: its `use_hvp_mode`, else auto."""
+    return _MODE_OF.get(model, "auto")
+
+
+def forward_ad_missing(exc: BaseException) -> bool:
+    """Whether an error says an operator has no forward-mode (JVP) derivative (e.g. the fused attention
+    kernel `aten::_native_multi_head_attention`), so that double backward can be used instead."""
+    text = str(exc).lower()
+    return isinstance(exc, (NotImplementedError, RuntimeError)) and (
+        "forward ad" in text or "forward-mode" in text or "jvp" in text or "forward mode" in text)
 
 
 
 def hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: dict[str, Tensor] | Tensor,
-        chunk_size: int = 2000, mode: str = "rev_fwd") -> dict[str, Tensor] | Tensor:
+        chunk_size: int = 2000, mode: str | None = None) -> dict[str, Tensor] | Tensor:
     """H v for H the Hessian of the mean loss over (inputs, targets), with torch.func, in chunks.
 
     `vec` is a dict of tensors keyed like `model.named_parameters()` or one flat vector in that order;
     the result has the same structure (and the parameters' dtype). Chunks are weighted by their share of
     the examples, so the result is the full-set Hessian's product whatever the chunking.
 
-    `mode`: 'rev_fwd' (default) is `grad` of the directional derivative `jvp(L)[v]` (reverse-over-forward),
+    `mode`: None is the model's mode (`use_hvp_mode`, default 'auto': 'rev_fwd', and 'double_backward'
+    from the first operator without a forward-mode derivative on, remembered for the model); 'rev_fwd' is `grad` of the directional derivative `jvp(L)[v]` (reverse-over-forward),
     'fwd_rev' is `jvp(grad(L))` (forward-over-reverse), 'double_backward' is PyHessian's
     `autograd.grad(⟨∇L, v⟩)`. All three compute the same product; on CPU the reverse-over-forward form
     measured fastest of the torch.func ones (scripts/bench_curvature.py prints all three), so it is the
@@ -36,19 +67,44 @@ def hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: 
     which torch.func transforms refuse) always uses double backward, on cloned buffers so the model's
     statistics are left as they were.
     """
+    with math_attention():
+        return _hvp(model, inputs, targets, loss, vec, chunk_size, hvp_mode_of(model) if mode is None else mode)
+
+
+def math_attention() -> Any:
+    """A context in which scaled-dot-product attention uses its plain (math) implementation, which has
+    every second-order and forward-mode derivative (the fused CPU/GPU kernels have neither)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # lazy: older torch lacks it (except below)
+
+        return sdpa_kernel([SDPBackend.MATH])
+    except ImportError:  # older torch: no fused kernels to avoid
+        return contextlib.nullcontext()
+
+
+def _hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: dict[str, Tensor] | Tensor,
+         chunk_size: int, mode: str) -> dict[str, Tensor] | Tensor:
     if mode not in HVP_MODES:
         raise ValueError(f"mode must be one of {HVP_MODES}, got {mode!r}")
-    params = _params(model)
+    if mode == "auto":
+        try:
+            return _hvp(model, inputs, targets, loss, vec, chunk_size, "rev_fwd")
+        except (NotImplementedError, RuntimeError) as exc:
+            if not forward_ad_missing(exc):
+                raise
+            _MODE_OF[model] = "double_backward"
+            mode = "double_backward"
+    params = detached_params(model)
     flat_input = isinstance(vec, Tensor)
-    v = _unflatten(vec, params) if flat_input else {k: vec[k].to(params[k].dtype) for k in params}
-    buffers = _buffers(model)
+    v = unflatten(vec, params) if flat_input else {k: vec[k].to(params[k].dtype) for k in params}
+    buffers = detached_buffers(model)
     n = int(inputs.shape[0])
     out = {k: torch.zeros_like(p) for k, p in params.items()}
     if any(m.training for m in model.modules()):
         mode = "double_backward"
     with torch.enable_grad():
-        for x, y in _chunks(inputs, targets, chunk_size):
-            fn = _loss_fn(model, buffers, x, y, loss, x.shape[0] / n)
+        for x, y in chunks(inputs, targets, chunk_size):
+            fn = loss_fn(model, buffers, x, y, loss, x.shape[0] / n)
             if mode == "rev_fwd":
                 hv = grad(lambda p: jvp(fn, (p,), (v,))[1])(params)
             elif mode == "fwd_rev":
@@ -63,32 +119,5 @@ def hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: 
             for k in out:
                 out[k] += hv[k]
     if flat_input:
-        return _flatten(out, list(params)).to(vec.dtype)
+        return flatten(out, list(params)).to(vec.dtype)
     return out
-
-
-# ---------------------------------------------------------------- Hutchinson
-
-
-
-def hutchinson_trace(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *,
-                     generator: torch.Generator, probes: int | None = None, rtol: float | None = None,
-                     max_probes: int = 1000, min_probes: int = 10, chunk_size: int = 2000) -> dict[str, Any]:
-    """Tr H ≈ mean of zᵀHz over Rademacher probes z, with its standard error.
-
-    With `probes` a fixed count is drawn; otherwise, with `rtol`, probes are drawn until the standard
-    error is at most rtol·|mean| (at least `min_probes`, at most `max_probes`); with neither,
-    `DEFAULT_HUTCHINSON_PROBES`. Deterministic given the generator's state.
-    """
-    params = _params(model)
-    if probes is None and rtol is None:
-        probes = DEFAULT_HUTCHINSON_PROBES
-    limit = probes if probes is not None else max_probes
-    acc = _Welford()
-    while acc.count < limit:
-        z = _rademacher(params, generator)
-        hz = hvp(model, inputs, targets, loss, z, chunk_size=chunk_size)
-        acc.add(float(sum((z[k].double() * hz[k].double()).sum() for k in params)))
-        if probes is None and acc.count >= max(2, min_probes) and acc.stderr() <= rtol * abs(acc.mean):
-            break
-    return {"mean": float(acc.mean), "stderr": float(acc.stderr()), "probes": acc.count}

@@ -1,34 +1,14 @@
-"""The top eigenvalues of the Hessian (or of any symmetric operator) by Lanczos with full
-reorthogonalization."""
+"""The top eigenvalues of a symmetric operator (the Hessian: `HessianOperator.top_eigenvalues`; the scaled
+Hessian of Rangamani et al.) by Lanczos with full reorthogonalization."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from flatbench.curvature.common import _flatten, _params, _unflatten
-from flatbench.curvature.hvp import hvp
-
-
-
-def lanczos(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *, k: int = 1,
-            iters: int = 100, generator: torch.Generator, tol: float = 1e-6, chunk_size: int = 2000
-            ) -> dict[str, Any]:
-    """The k largest (algebraic) eigenvalues of the Hessian of the loss over all parameters
-    (`lanczos_operator` on Hessian-vector products over the whole set in chunks); the HVPs run in the
-    model's dtype."""
-    params = _params(model)
-    names = list(params)
-    size = sum(p.numel() for p in params.values())
-    device = next(iter(params.values())).device
-
-    def matvec(v: Tensor) -> Tensor:
-        w = hvp(model, inputs, targets, loss, _unflatten(v, params), chunk_size=chunk_size)
-        return _flatten(w, names, torch.float64)
-
-    return lanczos_operator(matvec, size, device=device, k=k, iters=iters, generator=generator, tol=tol)
 
 
 def lanczos_operator(matvec: Callable[[Tensor], Tensor], size: int, *, device: torch.device | str = "cpu",

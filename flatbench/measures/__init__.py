@@ -1,4 +1,4 @@
-"""Flatness measures. Each plugin module registers its measures with `register_measure` (registry.py).
+"""Flatness measures: the framework (registry, context, runner, cache, keys) and the built-in plugins.
 
     registry.py   the registry: `register_measure`, `get_measure`, `resolve_names`, variants
     keys.py       result keys `name[:variant][@loss][/detail]`: built and split in one place (no torch)
@@ -6,7 +6,10 @@
     context.py    what a measure function sees (model, measurement set, loss, seeded generators, cache)
     shared.py     quantities several measures share (Hessian diagonal, weight layers), cached once
     layers.py     the weight layers of a model in forward order
-    the others    the measures, one module per family
+    plugin.py     the one module a measure author reads: `register_measure`, `MeasureContext`, ...
+    plugins.py    loading plugins: files, importable modules, `flatbench.measures` entry points
+    contract.py   the invariance contract: a catalogue of trained models, rescaled, checked (check-measure)
+    builtin/      the built-in measures, one module per family, registered exactly as a plugin is
 
 The registry API is re-exported here lazily, so `flatbench.measures.keys` can be used without loading
 torch or any measure.
@@ -20,7 +23,7 @@ __all__ = ["MeasureOutput", "MeasureSpec", "NotApplicable", "all_measures", "get
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from flatbench.measures import registry
+        from flatbench.measures import registry  # lazy: measures.keys must load without torch or any measure
 
         return getattr(registry, name)
     raise AttributeError(f"module 'flatbench.measures' has no attribute {name!r}")

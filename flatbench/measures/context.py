@@ -7,12 +7,15 @@ shared between the contexts of one model, so keys that depend on the loss must i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import nn
 
+from flatbench.curvature import HessianOperator
+from flatbench.losses import get_loss
 from flatbench.seeding import probe_generator
 
 
@@ -52,10 +55,19 @@ class MeasureContext:
     @property
     def loss(self) -> Any:
         """The loss on the logits (`flatbench.losses`) selected for this context."""
-        from flatbench.losses import get_loss
-
         return self.cached(("loss", self.loss_name, self.normalized_ce_tau),
                            lambda: get_loss(self.loss_name, tau=self.normalized_ce_tau))
+
+    @property
+    def hessian(self) -> HessianOperator:
+        """H of this context's loss on its measurement set: what every curvature measure asks
+        (`ctx.hessian @ v`, `.trace(...)`, `.diagonal(...)`, `.top_eigenvalues(...)`)."""
+        return self.hessian_of(self.loss_name)
+
+    def hessian_of(self, loss_name: str) -> HessianOperator:
+        """H of the loss `loss_name` (with this context's normalized-CE temperature) on the measurement set."""
+        loss = self.loss if loss_name == self.loss_name else get_loss(loss_name, tau=self.normalized_ce_tau)
+        return HessianOperator(self.model, self.inputs, self.targets, loss, chunk_size=self.chunk_size)
 
     def generator(self, tag: str = "") -> torch.Generator:
         """A fresh generator for this measure, seeded from (seed, measure name, tag): not from the run id,
@@ -73,9 +85,7 @@ class MeasureContext:
                 for i in range(0, self.n, self.chunk_size)]
 
     def for_measure(self, name: str, settings: dict[str, Any], loss_name: str | None = None
-                    ) -> "MeasureContext":
+                    ) -> MeasureContext:
         """A context for one measure and loss, sharing this one's data and cache."""
-        from dataclasses import replace
-
         return replace(self, measure_name=name, settings=settings,
                        loss_name=loss_name or self.loss_name, cache=self.cache)

@@ -27,9 +27,15 @@ class Key:
     """"" for a headline value."""
 
 
+def loss_tag(loss: str) -> str:
+    """How a loss appears in a key: its name, or for a function of one's own (`file.py:function`,
+    `pkg.module:function`) the function's name."""
+    return loss.rsplit(":", 1)[-1] if ":" in loss else loss
+
+
 def entry_key(name: str, loss: str | None) -> str:
     """measures.json entry key of a measure (or variant) computed with a loss: `@loss` unless it is `ce`."""
-    return name if loss in (None, "ce") else f"{name}@{loss}"
+    return name if loss in (None, "ce") else f"{name}@{loss_tag(loss)}"
 
 
 def entry_keys(name: str, spec: Any, losses: list[str] | tuple[str, ...]) -> list[tuple[str | None, str]]:

@@ -17,13 +17,21 @@ study and one report). `all` means the base measures only; variants are asked fo
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
-from flatbench.errors import FlatbenchError
+from flatbench.errors import FlatbenchError, did_you_mean
+from flatbench.measures import builtin
+from flatbench.measures.plugins import PLUGIN_SOURCES, import_plugin, load_entry_points, module_source_hash
+from flatbench.rescale import FAMILIES
 
-from flatbench.rescale import FAMILIES  # noqa: E402 - the families are defined with their transformations
 COST_CLASSES = ("cheap", "gradient", "hessian", "search")
+PRECISIONS = ("float64", "float32")
+"""What a measure needs (`precision`): float64, or float32 for an estimate whose own error (Monte-Carlo,
+a search, an iterative eigen-solver) is far above float32 rounding."""
 
 
 class NotApplicable(Exception):
@@ -34,6 +42,20 @@ class NotApplicable(Exception):
 class MeasureOutput:
     values: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def as_output(out: Any, name: str) -> MeasureOutput:
+    """What a measure function returned, as a MeasureOutput: a MeasureOutput, a dict of values, or a bare
+    number (the headline value under the measure's name)."""
+    if isinstance(out, MeasureOutput):
+        return out
+    if isinstance(out, dict):
+        return MeasureOutput(dict(out))
+    try:
+        return MeasureOutput({name: float(out)})
+    except (TypeError, ValueError):
+        raise TypeError(f"measure '{name}' returned a {type(out).__name__}; return a number, a dict of values or a "
+                        "MeasureOutput") from None
 
 
 @dataclass(frozen=True)
@@ -52,13 +74,27 @@ class MeasureSpec:
     """Direction: True when a larger value means a sharper / worse-generalizing model."""
     exact: bool
     """An exact (deterministic, non-iterative-approximate) quantity; its invariances are tested to 1e-10 (closed
-    forms) or 1e-9 (exact solvers) relative in float64 (tests/test_invariance.py)."""
+    forms) or 1e-9 (exact solvers) relative in float64 (tests/measures/test_invariance.py)."""
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Named presets of settings: `name:variant` is this measure with those settings (see module doc)."""
     base: str = ""
     """For a variant, the name of the measure it is a preset of (its result keys are renamed from it)."""
     preset: dict[str, Any] = field(default_factory=dict)
     """For a variant, the settings it fixes (they win over `measure.settings` of the base measure)."""
+    origin: str = "builtin"
+    """Where the measure comes from: "builtin", or the plugin (file or module) that registered it."""
+    family: str = ""
+    """The family the report groups the measure with (norm, curvature, rescaled curvature, sharpness,
+    PAC-Bayes, or one's own); "" for the built-in measures, whose module decides. A plugin measure that
+    names none is in the family named after its plugin (the file's or module's name)."""
+    origin_sha256: str | None = None
+    """A plugin measure: the sha256 of its plugin's source, recorded with every result (a changed plugin
+    recomputes its entries); None for the built-in measures."""
+    precision: str = "float64"
+    """The precision the measure needs. Under `measure.dtype: auto` (the default) an exact quantity or solver
+    is computed in float64 and a measure registered with `precision="float32"` (Monte-Carlo estimates,
+    searches, the Lanczos eigenvalue baseline: their own error is far above float32 rounding) in float32,
+    which is 2-4x faster on a CPU; `measure.dtype: float64` or `float32` puts every measure in that dtype."""
 
     def settings(self, user: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """The settings a computation uses: defaults, then the user's `measure.settings`, then the preset."""
@@ -70,40 +106,108 @@ class MeasureSpec:
 
 
 _REGISTRY: dict[str, MeasureSpec] = {}
+BUILTIN_PACKAGE = "flatbench.measures.builtin"
 
 
-def register_measure(name: str, *, description: str, invariant_to: tuple[str, ...] | set[str] = (),
+def _plugin_name(origin: str) -> str:
+    """`my_measures` for /path/to/my_measures.py, `measures` for mypkg.measures."""
+    name = origin.replace("\\", "/").rsplit("/", 1)[-1]
+    return name[:-3] if name.endswith(".py") else name.rsplit(".", 1)[-1]
+
+
+def _origin(fn: Callable[..., Any]) -> tuple[str, str | None]:
+    """Where a measure function comes from: "builtin", or its plugin's label and source hash (a module
+    imported by the user's own code counts as a plugin named after the module)."""
+    module = getattr(fn, "__module__", None) or "__main__"
+    if module == BUILTIN_PACKAGE or module.startswith(BUILTIN_PACKAGE + "."):
+        return "builtin", None
+    if module in PLUGIN_SOURCES:
+        return PLUGIN_SOURCES[module]
+    return module, module_source_hash(module)
+
+
+def register_measure(name: str, *, description: str = "", invariant_to: tuple[str, ...] | set[str] = (),
                      cost: str = "cheap", defaults: dict[str, Any] | None = None, uses_loss: bool = False,
                      stochastic: bool = False, larger_is_sharper: bool = True,
-                     exact: bool = True, variants: dict[str, dict[str, Any]] | None = None
+                     exact: bool = True, variants: dict[str, dict[str, Any]] | None = None,
+                     family: str | None = None, precision: str = "float64"
                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `fn(ctx) -> dict | MeasureOutput` as the measure `name` (see the module docstring).
+
+    `invariant_to`: the rescaling families (`flatbench.rescale.FAMILIES`) the measure is declared invariant
+    to; `flatbench check-measure NAME` checks each declaration. `cost`: cheap | gradient | hessian | search.
+    `defaults`: its settings (`measure.settings.NAME` overrides them). `uses_loss`: computed once per
+    configured loss. `stochastic`: a Monte-Carlo estimate (give its standard error as `info["stderr"]`).
+    `description`: one line for `list-measures` (default: the first line of the function's docstring).
+    `exact`: a deterministic closed form or exact solver (tighter invariance tolerance). `family`: the
+    report's grouping (default: the plugin's name). `precision`: float64 (default), or float32 for an
+    estimate that float32 rounding does not change (computed in float32 under `measure.dtype: auto`)."""
     unknown = set(invariant_to) - set(FAMILIES)
     if unknown:
-        raise ValueError(f"{name}: unknown invariance families {sorted(unknown)}")
+        raise FlatbenchError(f"measure '{name}': unknown invariance families {sorted(unknown)} (families: "
+                             f"{', '.join(FAMILIES)})")
+    if precision not in PRECISIONS:
+        raise FlatbenchError(f"measure '{name}': precision must be float64 or float32, got {precision!r}")
     if cost not in COST_CLASSES:
-        raise ValueError(f"{name}: cost must be one of {COST_CLASSES}")
+        raise FlatbenchError(f"measure '{name}': cost must be one of {', '.join(COST_CLASSES)}, got {cost!r}")
+    if not isinstance(name, str) or not name or any(c in name for c in ":@/,") or name == "all":
+        raise FlatbenchError(f"measure name {name!r} must be a non-empty name without ':', '@', '/' or ',' "
+                             "(and not 'all')")
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        origin, sha = _origin(fn)
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise ValueError(f"measure '{name}' is registered twice")
-        _REGISTRY[name] = MeasureSpec(name=name, fn=fn, description=description,
-                                      invariant_to=frozenset(invariant_to), cost=cost,
-                                      defaults=dict(defaults or {}), uses_loss=uses_loss,
-                                      stochastic=stochastic, larger_is_sharper=larger_is_sharper,
-                                      exact=exact and not stochastic,
-                                      variants={k: dict(v) for k, v in (variants or {}).items()})
+            other = _REGISTRY[name].origin
+            where = "a built-in measure" if other == "builtin" else f"a measure of {other}"
+            raise FlatbenchError(f"measure '{name}'" + (f" of {origin}" if origin != "builtin" else "")
+                                 + f" clashes with {where} of that name; give it another name")
         for vname, preset in (variants or {}).items():
             unknown_settings = set(preset) - set(defaults or {})
             if unknown_settings:
                 raise ValueError(f"{name}: variant '{vname}' sets unknown settings {sorted(unknown_settings)}")
+        doc = (fn.__doc__ or "").strip().splitlines()
+        _REGISTRY[name] = MeasureSpec(name=name, fn=fn, description=description or (doc[0] if doc else name),
+                                      invariant_to=frozenset(invariant_to), cost=cost,
+                                      defaults=dict(defaults or {}), uses_loss=uses_loss,
+                                      stochastic=stochastic, larger_is_sharper=larger_is_sharper,
+                                      exact=exact and not stochastic,
+                                      variants={k: dict(v) for k, v in (variants or {}).items()},
+                                      origin=origin, origin_sha256=sha,
+                                      family=family or ("" if origin == "builtin" else _plugin_name(origin)),
+                                      precision=precision)
         return fn
 
     return decorator
 
 
+_LOADED = False
+
+
 def all_measures() -> dict[str, MeasureSpec]:
-    _load_builtin_measures()
+    """Every registered measure: the built-in ones, those of installed `flatbench.measures` entry points,
+    and those of the plugins loaded so far (`flatbench.measures.plugins.load_plugins`)."""
+    global _LOADED
+    if not _LOADED:
+        _LOADED = True
+        _load_builtin_measures()
+        load_entry_points()
     return dict(sorted(_REGISTRY.items()))
+
+
+def load_plugins(specs: list[str] | tuple[str, ...] | None) -> list[str]:
+    """Import the measure plugins `specs` (Python files or importable module names, see
+    `flatbench.measures.plugins`) after the built-in measures; returns the names they registered. Loading
+    a plugin twice is a no-op, unless its file changed since."""
+    all_measures()  # the built-in measures first, so that a clash is found and named
+    before = set(_REGISTRY)
+
+    def forget(origin: str) -> None:
+        for name in [n for n, s in _REGISTRY.items() if s.origin == origin]:
+            del _REGISTRY[name]
+
+    for spec in specs or ():
+        import_plugin(spec, forget)
+    return sorted(set(_REGISTRY) - before)
 
 
 def get_measure(name: str) -> MeasureSpec:
@@ -124,14 +228,6 @@ def get_measure(name: str) -> MeasureSpec:
                    + ", ".join(f"{k}={v}" for k, v in spec.variants[variant].items()) + "]")
 
 
-def did_you_mean(word: str, choices: Any) -> str:
-    """' (did you mean 'x'?)' for the closest of `choices`, or '' when none is close."""
-    import difflib
-
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
 def resolve_names(names: list[str] | tuple[str, ...]) -> list[str]:
     """Expand `all` and check every name; unknown names are one clear error."""
     registry = all_measures()
@@ -145,15 +241,8 @@ def resolve_names(names: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-NOT_MEASURE_MODULES = ("registry", "context", "runner", "shared", "layers", "keys")
-"""Modules of this package that register no measure (the plugin modules are all the others)."""
-
-
 def _load_builtin_measures() -> None:
-    import importlib
-    import pkgutil
-    from pathlib import Path
-
-    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if mod.name not in NOT_MEASURE_MODULES:
-            importlib.import_module(f"flatbench.measures.{mod.name}")
+    """Import every module of `flatbench.measures.builtin`: each registers its measures exactly as an
+    outside plugin does."""
+    for mod in pkgutil.iter_modules(builtin.__path__):
+        importlib.import_module(f"{builtin.__name__}.{mod.name}")

@@ -17,32 +17,61 @@ are kept, the rest recomputed, and the damaged file is kept beside it as `measur
 
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from flatbench.config import MeasureConfig, RunConfig, run_config_from_dict
-from flatbench.errors import FlatbenchError
+from flatbench.curvature import hvp_mode_of, use_hvp_mode
+from flatbench.data import load_dataset, measurement_subset
+from flatbench.errors import FlatbenchError, did_you_mean
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.keys import entry_keys, value_key
-from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, get_measure, resolve_names
-from flatbench.store import (MEASURES_JSON, MODEL_FILE, atomic_write_json, is_finished, load_run_info,
-                             read_json_salvaged)
+from flatbench.measures.registry import (
+    MeasureSpec,
+    NotApplicable,
+    as_output,
+    get_measure,
+    load_plugins,
+)
+from flatbench.models import load_model
+from flatbench.store import (
+    MEASURES_JSON,
+    MODEL_FILE,
+    RUN_JSON,
+    atomic_write_json,
+    is_finished,
+    load_run_info,
+    read_json_salvaged,
+)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DONE = ("ok", "not_applicable")
 
 
+def plugin_record(spec: MeasureSpec) -> dict[str, Any] | None:
+    """What a result records of a plugin measure's source (None for a built-in measure)."""
+    if spec.origin == "builtin":
+        return None
+    return {"source": spec.origin, "sha256": spec.origin_sha256}
+
+
+def _plugin_hash(record: Any) -> Any:
+    """What decides whether a plugin result is current: its plugin's source hash (not where the file lies,
+    so a study moved to another machine keeps its results); None for a built-in measure."""
+    return record.get("sha256", "unknown") if isinstance(record, dict) else record
+
+
 def check_settings(names: list[str], cfg: MeasureConfig) -> None:
     """Unknown measures or settings in `measure.settings` are one clear error, before any work."""
-    from flatbench.measures.registry import did_you_mean
-
     for name, given in cfg.settings.items():
         spec = get_measure(name)
         if spec.base:
@@ -102,28 +131,52 @@ def _as_target(target: Target | Path) -> Target:
     return target if isinstance(target, Target) else Target(Path(target))
 
 
-def measurement_context(cfg: MeasureConfig) -> dict[str, Any]:
-    """What, besides a measure's own settings, its value depends on: recorded with every entry."""
-    return {"n_examples": cfg.n_examples, "dtype": cfg.dtype, "normalized_ce_tau": cfg.normalized_ce_tau}
+def entry_dtype(dtype: str, spec: MeasureSpec) -> str:
+    """The dtype one measure is computed in under `measure.dtype` = `dtype`: auto gives the measure's own
+    `precision` (float64 for exact quantities and solvers, float32 for the estimates registered so)."""
+    return spec.precision if dtype == "auto" else dtype
+
+
+def measurement_context(cfg: MeasureConfig, spec: MeasureSpec | None = None) -> dict[str, Any]:
+    """What, besides a measure's own settings, its value depends on: recorded with every entry (the dtype
+    is the one that measure is computed in, `entry_dtype`)."""
+    dtype = entry_dtype(cfg.dtype, spec) if spec is not None else cfg.dtype
+    return {"n_examples": cfg.n_examples, "dtype": dtype, "normalized_ce_tau": cfg.normalized_ce_tau}
+
+
+def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
+    """`ctx` in `dtype` (float64 | float32): ctx itself when it is in that dtype, else a twin of it (the
+    same model converted, the same measurement set) made once per context and kept in its cache. The twin
+    has a cache of its own: a quantity computed in one dtype is never handed to a measure of the other."""
+    wanted = DTYPES[dtype]
+    if ctx.dtype == wanted:
+        return ctx
+    key = ("dtype_twin", dtype)
+    if key not in ctx.cache:
+        model = copy.deepcopy(ctx.model).to(wanted).eval()
+        for p in model.parameters():
+            p.requires_grad_(True)
+        use_hvp_mode(model, hvp_mode_of(ctx.model))
+        ctx.cache[key] = replace(ctx, model=model, inputs=ctx.inputs.to(wanted), cache={})
+    return ctx.cache[key]
 
 
 def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
     """Load a finished run's model (final or snapshot, its hash checked) and its measurement set."""
-    from flatbench.data import load_dataset, measurement_subset
-    from flatbench.models import load_model
-
     target = _as_target(target)
     info = load_run_info(target.run_path)
     run_cfg: RunConfig = run_config_from_dict(info["config"])
     if run_cfg.run_id() != target.run_path.name:
         raise FlatbenchError(f"{target.run_path / 'run.json'} describes run {run_cfg.run_id()}, not "
                              f"{target.run_path.name} (edited by hand?); move the folder away or retrain it")
-    dtype = DTYPES[cfg.dtype]
+    dtype = DTYPES["float32" if cfg.dtype == "float32" else "float64"]  # auto: float32 twins made on demand
     model_file = None if target.level is None else target.model_file
     model = load_model(target.run_path, device=device, model_file=model_file, sha256=target.sha256)
     model = model.to(dtype).eval()
     for p in model.parameters():
         p.requires_grad_(True)
+    if cfg.hvp_mode != "auto":
+        use_hvp_mode(model, cfg.hvp_mode)
     ds = load_dataset(run_cfg.data, run_cfg.seed, device=device)
     x, y = measurement_subset(ds, cfg.n_examples, run_cfg.seed)
     return MeasureContext(model=model, inputs=x.to(dtype), targets=y, num_classes=ds.num_classes,
@@ -138,11 +191,11 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
     sub = ctx.for_measure(spec.name, settings, loss_name=loss or "ce")
     record: dict[str, Any] = {"settings": {**settings, **({"loss": loss} if loss else {})},
                               "larger_is_sharper": spec.larger_is_sharper}
+    if plugin_record(spec) is not None:
+        record["plugin"] = plugin_record(spec)
     start = time.perf_counter()
     try:
-        out = spec.fn(sub)
-        if not isinstance(out, MeasureOutput):
-            out = MeasureOutput(dict(out))
+        out = as_output(spec.fn(sub), spec.base_name)
         values = {value_key(spec.name, spec.base_name, loss, key): float(value) for key, value in out.values.items()}
         record.update(status="ok", values=values, info=out.info)
     except NotApplicable as exc:
@@ -166,24 +219,52 @@ def read_entries(target: Target | Path) -> tuple[dict[str, Any], str | None]:
     return {k: v for k, v in entries.items() if isinstance(v, dict)}, problem
 
 
-def _up_to_date(record: dict[str, Any], settings: dict[str, Any], context: dict[str, Any]) -> bool:
-    if record.get("status") not in DONE:
+def model_hash(target: Target | Path) -> str | None:
+    """The sha256 of the target's model file as training recorded it (run.json for the final model, the
+    snapshot's record for a snapshot); None when none is recorded."""
+    target = _as_target(target)
+    if target.level is not None:
+        return target.sha256
+    if not (target.run_path / RUN_JSON).is_file():
+        return None
+    try:
+        value = load_run_info(target.run_path).get("model_sha256")
+    except FlatbenchError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
+                model_sha256: str | None = None) -> bool:
+    """Whether a stored entry is the one these settings, this measurement context and this model give: an
+    entry of another model file (the run was trained again, e.g. on another machine) is recomputed."""
+    if record.get("status") not in DONE or _plugin_hash(record.get("plugin")) != _plugin_hash(plugin_record(spec)):
+        return False
+    if model_sha256 is not None and record.get("model_sha256") != model_sha256:
         return False
     stored = {k: v for k, v in (record.get("settings") or {}).items() if k != "loss"}
     return stored == settings and record.get("context") == context
 
 
-def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig, force: bool = False
+def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig, force: bool = False, *,
+                    results: dict[str, Any] | None = None
                     ) -> tuple[dict[str, Any], list[tuple[MeasureSpec, str | None, str]]]:
-    """A target's measures.json content and the (spec, loss, key) entries still to compute."""
-    results, _ = read_entries(target)
-    context = measurement_context(cfg)
+    """A target's measures.json content and the (spec, loss, key) entries still to compute.
+
+    `names` are resolved measure names (`registry.resolve_names`, done once per study, not per target);
+    `results`: the target's entries when the caller has just read them (measures.json is then not read
+    again)."""
+    load_plugins(cfg.plugins)
+    if results is None:
+        results, _ = read_entries(target)
+    sha = model_hash(target)
     todo = []
-    for name in resolve_names(names):
+    for name in names:
         spec = get_measure(name)
         settings = spec.settings(cfg.settings)
+        context = measurement_context(cfg, spec)
         for loss, key in entry_keys(name, spec, cfg.losses):
-            if force or not _up_to_date(results.get(key, {}), settings, context):
+            if force or not _up_to_date(results.get(key, {}), spec, settings, context, sha):
                 todo.append((spec, loss, key))
     return results, todo
 
@@ -231,10 +312,10 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
         if echo:
             echo(f"warning: {path} was damaged ({damaged}); kept its {len(results)} readable entries (the damaged "
                  f"file is kept as {path.name}.damaged) and recomputing the rest")
-    results, todo = pending_entries(target, names, cfg, force)
+    results, todo = pending_entries(target, names, cfg, force, results=results)
     if not todo:
         return report
-    context = measurement_context(cfg)
+    sha = model_hash(target)
     if ctx is None:
         try:
             ctx = build_context(target, cfg, device)
@@ -246,14 +327,15 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
                     continue  # a value computed before the model was damaged is kept, not replaced by an error
                 results[key] = {"status": "error", "error": f"the model could not be loaded: {exc}",
                                 "settings": spec.settings(cfg.settings), "larger_is_sharper": spec.larger_is_sharper,
-                                "context": context, "seconds": 0.0}
+                                "context": measurement_context(cfg, spec), "seconds": 0.0}
             atomic_write_json(path, results)
             if echo:
                 echo(f"  {target.label}: cannot be measured: {exc}")
             return report
     for spec, loss, key in todo:
-        record = compute_entry(ctx, spec, spec.settings(cfg.settings), loss)
-        record["context"] = context
+        record = compute_entry(context_in(ctx, entry_dtype(cfg.dtype, spec)), spec, spec.settings(cfg.settings), loss)
+        record["context"] = measurement_context(cfg, spec)
+        record["model_sha256"] = sha
         results[key] = record
         atomic_write_json(path, results)
         report.errors += record["status"] == "error"

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
-from flatbench.curvature import DiagonalResult, group_hessian_diagonals, mlp_linears
-from flatbench.curvature import hessian_diagonal as compute_hessian_diagonal
+from flatbench.curvature import (POSITIVELY_HOMOGENEOUS_OPS, DiagonalResult, group_hessian_diagonals, mlp_linears,
+                                  ops_outside, traced_ops)
 from flatbench.losses import get_loss
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.layers import WeightLayer, weight_layers
+from flatbench.measures.registry import NotApplicable
 from flatbench.seeding import probe_generator
 
 
@@ -34,9 +35,7 @@ def hessian_diagonal(ctx: MeasureContext, loss_name: str | None = None) -> Diago
 
     def compute() -> DiagonalResult:
         gen = probe_generator(ctx.seed, "hessian_diagonal", loss_name, ctx.normalized_ce_tau, device=ctx.device)
-        return compute_hessian_diagonal(ctx.model, ctx.inputs, ctx.targets,
-                                        get_loss(loss_name, tau=ctx.normalized_ce_tau),
-                                        max_memory_mb=ctx.max_memory_mb, chunk_size=ctx.chunk_size, generator=gen)
+        return ctx.hessian_of(loss_name).diagonal(max_memory_mb=ctx.max_memory_mb, generator=gen)
 
     return ctx.cached(_diagonal_key(loss_name, ctx.normalized_ce_tau), compute)
 
@@ -44,10 +43,30 @@ def hessian_diagonal(ctx: MeasureContext, loss_name: str | None = None) -> Diago
 def hutchinson_diagonal(ctx: MeasureContext, probes: int) -> DiagonalResult:
     """Hutchinson's estimate of the diagonal with `probes` probes (even where the exact one exists)."""
     key = ("hessian_diagonal_hutchinson", ctx.loss_name, ctx.normalized_ce_tau, probes)
-    return ctx.cached(key, lambda: compute_hessian_diagonal(
-        ctx.model, ctx.inputs, ctx.targets, ctx.loss, max_memory_mb=ctx.max_memory_mb,
-        chunk_size=ctx.chunk_size, generator=ctx.generator("hutchinson"), hutchinson_probes=probes,
-        method="hutchinson"))
+    return ctx.cached(key, lambda: ctx.hessian.diagonal(
+        method="hutchinson", max_memory_mb=ctx.max_memory_mb, generator=ctx.generator("hutchinson"),
+        hutchinson_probes=probes))
+
+
+def hvp(ctx: MeasureContext, vector: dict[str, torch.Tensor] | torch.Tensor) -> Any:
+    """H v of the context's loss over its measurement set, in chunks, in the model's HVP mode
+    (`flatbench.curvature.use_hvp_mode`; auto falls back to double backward where forward mode fails)."""
+    return ctx.hessian @ vector
+
+
+def forward_ops(ctx: MeasureContext) -> dict[str, str]:
+    """The aten operations the model's forward pass calls (`flatbench.curvature.traced_ops`), once per model:
+    what a measure that needs a structure (a ReLU network) checks."""
+    return ctx.cached("forward_ops", lambda: traced_ops(ctx.model, ctx.inputs[:1]))
+
+
+def require_relu_network(ctx: MeasureContext, measure: str) -> None:
+    """NotApplicable unless the forward pass calls only positively homogeneous operations (linear, conv,
+    ReLU, max/average pooling, BatchNorm with running statistics, sums, shape changes)."""
+    bad = ops_outside(forward_ops(ctx), POSITIVELY_HOMOGENEOUS_OPS)
+    if bad:
+        raise NotApplicable(f"{measure} needs a ReLU network (positively homogeneous operations only: linear, "
+                            f"conv, ReLU, pooling, BatchNorm, sums); this model's forward calls {', '.join(bad[:5])}")
 
 
 def layers(ctx: MeasureContext) -> list[WeightLayer]:
@@ -87,4 +106,12 @@ def prime_hessian_diagonals(contexts: list[MeasureContext], losses: list[str] | 
     return primed
 
 
-__all__: list[Any] = ["hessian_diagonal", "hutchinson_diagonal", "layers", "prime_hessian_diagonals"]
+__all__: list[Any] = [
+    "forward_ops",
+    "hessian_diagonal",
+    "hutchinson_diagonal",
+    "hvp",
+    "layers",
+    "prime_hessian_diagonals",
+    "require_relu_network",
+]

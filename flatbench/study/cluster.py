@@ -25,17 +25,23 @@ caller's environment (FLATBENCH_DATA and the like).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from flatbench.errors import ConfigError, FlatbenchError
+from flatbench.config import parse_study
+from flatbench.errors import ConfigError, Echo, FlatbenchError
+from flatbench.store import is_finished, run_dir
+from flatbench.study.measure import measure_study
+from flatbench.study.spec import save_study, shard_runs
+from flatbench.study.train import train_study
+from flatbench.training import Preempted, group_key, resolve_device, vectorizable
 
 EXECUTORS = ("local", "slurm")
 STAGES = ("train", "measure", "run")
 
-Echo = Callable[[str], None]
 
 
 # ---------------------------------------------------------------- the submitted callable
@@ -43,7 +49,7 @@ Echo = Callable[[str], None]
 
 def _submitit():
     try:
-        import submitit
+        import submitit  # optional dependency: submitit, only for --executor (its absence is one line)
     except ImportError:  # a dependency; checked for a clear message anyway
         raise FlatbenchError("--executor needs the submitit package: pip install submitit") from None
     return submitit
@@ -51,10 +57,19 @@ def _submitit():
 
 def _checkpointable_base() -> type:
     try:
-        from submitit.helpers import Checkpointable
+        from submitit.helpers import Checkpointable  # optional dependency: submitit (else a plain base)
     except ImportError:
         return object
     return Checkpointable
+
+
+@dataclass
+class TaskResult:
+    """What one array task did: the train stage's outcome (stages train and run) and the measure stage's
+    counts (stages measure and run); what `job.result()` returns."""
+
+    trained: Any = None
+    measured: Any = None
 
 
 class StudyTask(_checkpointable_base()):  # type: ignore[misc]
@@ -83,12 +98,7 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"StudyTask({self.stage} {self.name}: {', '.join(self.run_ids)})"
 
-    def __call__(self) -> dict[str, Any]:
-        from flatbench.config import parse_study
-        from flatbench.study.measure import measure_study
-        from flatbench.study.train import train_study
-        from flatbench.train import Preempted, resolve_device
-
+    def __call__(self) -> TaskResult:
         def echo(msg: str) -> None:
             print(msg, flush=True)
 
@@ -101,24 +111,24 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
                 counts = measure_study(study, device, names=self.measures, force=self.force, quiet=True,
                                        echo=echo, run_ids=self.run_ids)
                 echo(f"measured {counts.measured} runs ({counts.not_trained} not trained yet)")
-                return counts
+                return TaskResult(measured=counts)
             outcome = train_study(study, device, quiet=True, echo=echo, run_ids=self.run_ids)
         except Preempted as exc:
             if requeue_handler is not None and exc.signum == requeue_signal:
                 echo(f"preempted ({exc}): checkpoints saved; asking submitit to requeue this task")
                 requeue_handler(exc.signum, None)  # calls self.checkpoint(), requeues, exits
             raise
-        echo(f"{len(outcome['trained'])} trained, {len(outcome['skipped'])} already finished, "
-             f"{len(outcome['failed'])} failed, {len(outcome['locked'])} locked elsewhere")
+        echo(f"{len(outcome.trained)} trained, {len(outcome.skipped)} already finished, "
+             f"{len(outcome.failed)} failed, {len(outcome.locked)} locked elsewhere")
+        result = TaskResult(trained=outcome)
         if self.stage == "run":
-            counts = measure_study(study, device, names=self.measures, force=self.force, quiet=True, echo=echo,
-                                   run_ids=self.run_ids)
-            echo(f"measured {counts.measured} runs ({counts.not_trained} not trained yet)")
-            outcome = {**outcome, "measure": counts}
-        if outcome["failed"]:
-            raise FlatbenchError(f"{len(outcome['failed'])} run(s) failed: {', '.join(outcome['failed'])} "
+            result.measured = measure_study(study, device, names=self.measures, force=self.force, quiet=True,
+                                            echo=echo, run_ids=self.run_ids)
+            echo(f"measured {result.measured.measured} runs ({result.measured.not_trained} not trained yet)")
+        if outcome.failed:
+            raise FlatbenchError(f"{len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)} "
                                  "(see their run.json)")
-        return outcome
+        return result
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit on preemption or timeout: requeue this same task. Nothing else needs saving:
@@ -134,7 +144,7 @@ def _submitit_requeue_handler() -> tuple[int | None, Any]:
     if not os.environ.get("SUBMITIT_FOLDER"):
         return None, None
     try:
-        from submitit import JobEnvironment
+        from submitit import JobEnvironment  # optional dependency: submitit, only inside a submitit job
 
         sig = JobEnvironment._usr_sig()
     except Exception:  # noqa: BLE001 - not inside a job after all
@@ -203,7 +213,6 @@ class Submission:
 
 def chunk_runs(runs: list[tuple[str, Any]], runs_per_task: int) -> list[list[str]]:
     """Run ids split into tasks of at most `runs_per_task`, runs of one vectorization group kept together."""
-    from flatbench.vectorized import group_key, vectorizable
 
     order: dict[Any, list[str]] = {}
     for rid, cfg in runs:
@@ -224,8 +233,6 @@ def make_executor(kind: str, folder: Path, name: str, opts: ClusterOptions) -> A
                                   "gpus_per_node": int(opts.gpus_per_task),
                                   "signal_delay_s": int(opts.signal_delay_s)}
     else:
-        import shutil
-
         if shutil.which("sbatch") is None:
             raise FlatbenchError("--executor slurm needs Slurm's sbatch on PATH (none found); on a machine "
                                  "without Slurm use --executor local or --shard I/N")
@@ -258,9 +265,6 @@ def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, 
 
     The tasks run `StudyTask`; their logs go to `<experiment>/<executor>/`.
     """
-    from flatbench.study.spec import save_study, shard_runs
-    from flatbench.store import is_finished, run_dir
-
     opts = opts or ClusterOptions()
     opts.check()
     save_study(study)

@@ -3,22 +3,26 @@ before anything is written; the report itself is `flatbench.analysis.report.writ
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from flatbench import store
-from flatbench.analysis.report import ReportSummary, write_report
+from flatbench.analysis.report import ReportSummary, snapshot_records, write_report
 from flatbench.analysis.table import load_records
 from flatbench.config import ReportConfig
 from flatbench.errors import ConfigError, FlatbenchError
+from flatbench.measures.keys import parse_key
+from flatbench.measures.registry import get_measure
 from flatbench.study.spec import check_output_dir, read_saved_study
 
 
 def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | None = None,
                  min_train_acc: float | None = None, include_stale: bool | None = None,
-                 echo: Callable[[str], Any] = print, quiet: bool = False) -> ReportSummary:
-    """The report stage over experiment folders, as `flatbench report` runs it.
+                 echo: Callable[[str], Any] = print, quiet: bool = False, seed: int = 0) -> ReportSummary:
+    """The report stage over experiment folders, as `flatbench report` runs it. `seed` seeds the report's
+    resampling (bootstrap and Monte-Carlo permutations; `flatbench report --seed`).
 
     Each folder's saved study (study.yaml) says which runs are the study's now: run folders left by an
     earlier version of its config are listed as not in this study and left out (`include_stale` counts
@@ -27,7 +31,7 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
     never silently built from half a study) and that some run can be used (a good report is never
     replaced by an empty one).
     """
-    exp_dirs = [Path(p) for p in exp_dirs]
+    exp_dirs = _distinct([Path(p) for p in exp_dirs])
     cfg: ReportConfig | None = None
     current: dict[Path, set[str] | None] = {}
     for path in exp_dirs:
@@ -65,17 +69,67 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         stale = [rec for rec in records if current.get(rec.path.parent.parent) is not None
                  and rec.run_id not in current[rec.path.parent.parent]]
         records = [rec for rec in records if rec not in stale]
+    levels = snapshot_records(records)
+    damaged = [problem for recs in levels.values() for rec in recs for problem in rec.problems]
+    if damaged:
+        raise FlatbenchError(f"{len(damaged)} damaged snapshot file(s), e.g. {damaged[0]}: run `flatbench measure` "
+                             "on the experiment to repair it; the report was not written")
+    check_one_setting(records, "")
+    for level, recs in levels.items():
+        check_one_setting(recs, f" (snapshots at train loss {level:g})")
     echo(f"building the report from {len(records)} runs"
          + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
     return write_report(exp_dirs, out, gap=cfg.gap, min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo,
-                        records=records, stale=stale, report_cfg=cfg, measure_info=_measure_info(records))
+                        records=records, stale=stale, report_cfg=cfg, measure_info=_measure_info(records), seed=seed)
+
+
+def _distinct(paths: list[Path]) -> list[Path]:
+    """The experiment folders, each once (`report EXP EXP`, `report EXP ./EXP`: one folder, its runs counted
+    once), in the order given."""
+    seen: set[Path] = set()
+    out = []
+    for path in paths:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
+
+
+def check_one_setting(records: list, where: str) -> None:
+    """Refuse to put values of one measure computed with different settings or on different measurement
+    sets (`context`: n_examples, dtype, normalized_ce_tau) side by side: one line naming the measure, the
+    two settings and a run of each, so that a report never mixes two definitions under one name."""
+    for key in sorted({k for rec in records for k in rec.measures}):
+        seen: dict[str, list[str]] = {}
+        for rec in records:
+            entry = rec.measures.get(key)
+            if not entry or entry.get("status") != "ok":
+                continue
+            settings = {k: v for k, v in (entry.get("settings") or {}).items() if k != "loss"}
+            text = json.dumps({"context": entry.get("context"), "settings": settings}, sort_keys=True, default=str)
+            seen.setdefault(text, []).append(rec.run_id)
+        if len(seen) > 1:
+            (a, runs_a), (b, runs_b) = sorted(seen.items(), key=lambda kv: -len(kv[1]))[:2]
+            raise FlatbenchError(
+                f"{key}{where} was computed with different measurement settings: {_describe(a, b)} on "
+                f"{len(runs_a)} run(s) (e.g. {runs_a[0]}), {_describe(b, a)} on {len(runs_b)} (e.g. {runs_b[0]}); "
+                "re-run `flatbench measure EXPERIMENT --force` with one setting; the report was not written")
+
+
+def _describe(text: str, other: str) -> str:
+    """The fields of one setting that differ from another's (`n_examples=250, dtype=float32`)."""
+    a, b = json.loads(text), json.loads(other)
+    flat_a = {**(a.get("context") or {}), **a.get("settings", {})}
+    flat_b = {**(b.get("context") or {}), **b.get("settings", {})}
+    if a.get("context") is None:
+        flat_a["context"] = "none recorded"
+    diff = [f"{k}={flat_a.get(k)}" for k in sorted(set(flat_a) | set(flat_b)) if flat_a.get(k) != flat_b.get(k)]
+    return ", ".join(diff) or "another setting"
 
 
 def _measure_info(records: list) -> dict[str, Any]:
     """The registry's spec (description, cost) of every measure the records hold a result of."""
-    from flatbench.measures.keys import parse_key
-    from flatbench.measures.registry import get_measure
-
     info = {}
     for name in {parse_key(key).measure for rec in records for key in rec.measures}:
         try:

@@ -7,18 +7,25 @@ an exit code before any folder is created or any model trained.
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
-from flatbench.config import Study, apply_overrides, did_you_mean, load_study, parse_study
+from flatbench.config import Study, apply_overrides, load_study, parse_study
+from flatbench.data import check_dataset_name, dataset_root, load_raw
 from flatbench.errors import ConfigError, FlatbenchError
+from flatbench.losses import check_loss_name
+from flatbench.measures.plugins import is_file_spec
+from flatbench.measures.registry import get_measure, load_plugins, resolve_names
+from flatbench.measures.runner import check_settings
+from flatbench.models import check_model_name
 from flatbench.store import (STUDY_FILE, atomic_write_text, list_run_dirs)
 
-Echo = Callable[[str], None]
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
@@ -62,13 +69,26 @@ def read_saved_study(exp_dir: str | Path, overrides: tuple[str, ...] = ()) -> St
     if not saved.is_file():
         hint = " (it is a file)" if exp_dir.is_file() else ""
         raise FlatbenchError(f"{exp_dir} is not a flatbench experiment folder{hint}: no {STUDY_FILE} in it")
+    fix = "restore it or re-run `flatbench train` with the study's config"
     try:
-        raw = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
-        raise FlatbenchError(f"{saved} is not valid YAML; restore it or re-run `flatbench train` with the "
-                             "study's config") from None
-    raw = apply_overrides(raw, overrides)
+        raw = yaml.safe_load(saved.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FlatbenchError(f"{saved} is damaged (not UTF-8 text at byte {exc.start}); {fix}") from None
+    except (yaml.YAMLError, RecursionError):
+        raise FlatbenchError(f"{saved} is damaged (not valid YAML); {fix}") from None
+    if raw is None or raw == {}:
+        raise FlatbenchError(f"{saved} is damaged (empty); {fix}")
+    if not isinstance(raw, dict):
+        raise FlatbenchError(f"{saved} is damaged (a {type(raw).__name__}, not a mapping of sections); {fix}")
     raw["name"] = exp_dir.name  # the folder may have been moved or renamed since
+    try:
+        saved_study = parse_study(raw, default_name=exp_dir.name, out=str(exp_dir.parent))
+    except ConfigError as exc:
+        raise FlatbenchError(f"{saved} is damaged ({exc}); {fix}") from None
+    if not overrides:
+        return saved_study
+    raw = apply_overrides(raw, overrides)
+    raw["name"] = exp_dir.name
     return parse_study(raw, default_name=exp_dir.name, out=str(exp_dir.parent))
 
 
@@ -83,30 +103,81 @@ def study_from_target(target: str | Path, overrides: tuple[str, ...] = (), out: 
 def check_study(study: Study, measures: list[str] | None = None) -> list[str]:
     """Every name of the study (datasets, models, measures and their settings) exists; returns the
     resolved measure names. One clear line (with the closest valid name) otherwise, before any work."""
-    from flatbench.data import DATASETS
-    from flatbench.measures.registry import resolve_names
-    from flatbench.measures.runner import check_settings
-    from flatbench.models import MODELS
-
     for _, run in study.runs:
-        if run.data.dataset not in DATASETS:
-            raise ConfigError(f"unknown dataset '{run.data.dataset}'{did_you_mean(run.data.dataset, DATASETS)} "
-                              f"(available: {', '.join(sorted(DATASETS))})")
-        if run.model.name not in MODELS:
-            raise ConfigError(f"unknown model '{run.model.name}'{did_you_mean(run.model.name, MODELS)} "
-                              f"(available: {', '.join(sorted(MODELS))})")
+        check_dataset_name(run.data.dataset)
+        check_model_name(run.model.name)
+        if run.model.kwargs and ":" not in run.model.name:
+            raise ConfigError(f"model.kwargs is for a model factory (file.py:function or pkg.module:function); "
+                              f"'{run.model.name}' is built in (its settings are model.widths, model.depth, ...)")
+    for loss in study.measure.losses:
+        check_loss_name(loss)
+    load_plugins(study.measure.plugins)
     names = resolve_names(list(study.measure.measures))
     if study.measure.snapshot_measures is not None:
         resolve_names(list(study.measure.snapshot_measures))
     check_settings(names, study.measure)
+    _check_setting_types(study.measure.settings)
+    _check_measurement_size(study)
     return resolve_names(measures) if measures else names
+
+
+def _check_measurement_size(study: Study) -> None:
+    """`measure.n_examples` above a run's `data.n_train` is refused, not silently capped (a dataset's own
+    size, where n_train is null, is checked by `check_data` when the data are read)."""
+    n_examples = study.measure.n_examples
+    for _, run in study.runs:
+        if n_examples is not None and run.data.n_train is not None and n_examples > run.data.n_train:
+            raise ConfigError(f"measure.n_examples={n_examples} is more than the {run.data.n_train} training "
+                              f"examples of run {run.run_id()}; give at most {run.data.n_train} (or null: all of "
+                              f"them)")
+
+
+def with_plugins(study: Study, plugins: tuple[str, ...] | list[str]) -> Study:
+    """The study with `plugins` (`--plugin`) added to its `measure.plugins`, in its config too (so that the
+    saved study.yaml, worker processes and cluster tasks load them)."""
+    if not plugins:
+        return study
+    given = [str(Path(p).expanduser().resolve()) if is_file_spec(p) and Path(p).expanduser().is_file() else p
+             for p in plugins]  # absolute: the saved study is read from anywhere
+    merged = tuple(dict.fromkeys((*study.measure.plugins, *given)))
+    raw = dict(study.raw)
+    raw["measure"] = {**(raw.get("measure") or {}), "plugins": list(merged)}
+    return replace(study, measure=replace(study.measure, plugins=merged), raw=raw)
+
+
+def _check_setting_types(settings: dict) -> None:
+    """Each value of `measure.settings` has the type of the measure's default (a finite number where the
+    default is a number), so that a bad value is one line before any work, not an error entry per model."""
+    for name, given in settings.items():
+        defaults = get_measure(name).defaults
+        for key, value in given.items():
+            default = defaults.get(key)
+            where = f"measure.settings.{name}.{key}"
+            if isinstance(default, bool) or default is None:
+                if isinstance(default, bool) and not isinstance(value, bool):
+                    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            elif isinstance(default, (int, float)):
+                try:
+                    number = float(value) if not isinstance(value, bool) else math.nan
+                except (TypeError, ValueError, OverflowError):
+                    number = math.nan
+                if not math.isfinite(number):
+                    raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+                if isinstance(default, int) and not number.is_integer():
+                    raise ConfigError(f"{where}: expected an integer, got {value!r}")
+                if isinstance(default, int) and default >= 1 and number < 1:
+                    raise ConfigError(f"{where} must be at least 1, got {value!r}")
+                if isinstance(default, float) and default > 0 and not number > 0 and "decay" not in key:
+                    raise ConfigError(f"{where} must be positive, got {value!r}")
+                if number < 0:
+                    raise ConfigError(f"{where} must be non-negative, got {value!r}")
+            elif isinstance(default, str) and not isinstance(value, str):
+                raise ConfigError(f"{where}: expected a string, got {value!r}")
 
 
 def names_for(target: Any, chosen: list[str], study: Study, given: list[str] | None) -> list[str]:
     """The measures of one target: the chosen ones, or for a snapshot `measure.snapshot_measures` when the
     study sets it and no measures were named on the command line."""
-    from flatbench.measures.registry import resolve_names
-
     if getattr(target, "level", None) is None or given or study.measure.snapshot_measures is None:
         return chosen
     return resolve_names(list(study.measure.snapshot_measures))
@@ -115,14 +186,23 @@ def names_for(target: Any, chosen: list[str], study: Study, given: list[str] | N
 def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
     """Read every dataset the runs need (once per process), so a missing one is an error before anything
     is created."""
-    from flatbench.data import dataset_root, load_raw
-
-    seen = set()
+    seen: dict[tuple, Any] = {}
     for _, run in (runs if runs is not None else study.runs):
         key = (run.data.dataset, run.data.root, run.data.download)
         if key not in seen:
-            seen.add(key)
-            load_raw(run.data.dataset, dataset_root(run.data.root), run.data.download)
+            seen[key] = load_raw(run.data.dataset, dataset_root(run.data.root), run.data.download)
+        raw = seen[key]
+        sizes = {"data.n_train": (run.data.n_train, int(raw.y_train.numel()), "training"),
+                 "data.n_test": (run.data.n_test, int(raw.y_test.numel()), "test")}
+        for where, (asked, available, which) in sizes.items():
+            if asked is not None and asked > available:
+                raise ConfigError(f"{where}={asked} is more than the {available} {which} examples of "
+                                  f"'{run.data.dataset}'; give at most {available} (or null: all of them)")
+        n_examples = study.measure.n_examples
+        n_train = run.data.n_train if run.data.n_train is not None else int(raw.y_train.numel())
+        if n_examples is not None and n_examples > n_train:
+            raise ConfigError(f"measure.n_examples={n_examples} is more than the {n_train} training examples of "
+                              f"run {run.run_id()}; give at most {n_train} (or null: all of them)")
 
 
 def check_output_dir(path: str | Path, what: str = "output folder") -> Path:

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from flatbench.errors import FlatbenchError
+from flatbench.config import run_config_from_dict
+from flatbench.errors import CheckpointError, FlatbenchError
+from flatbench.measures.keys import entry_keys
+from flatbench.measures.registry import get_measure, resolve_names
+from flatbench.measures.runner import read_entries
+from flatbench.store import MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir
 from flatbench.study.cluster import EXECUTORS
+from flatbench.study.spec import read_saved_study, stale_run_ids
 
 
 STATES = ("finished", "running", "preempted", "failed", "damaged", "not_started")
 
 
 def _lock_held(run_path: Path) -> bool:
-    from flatbench.store import RunLock
-
     lock = RunLock(run_path)
-    return lock.path.exists() and not lock._is_stale()
+    return lock.path.exists() and not lock.is_stale()
 
 
 def run_state(run_path: Path) -> tuple[str, str | None]:
@@ -29,16 +33,12 @@ def run_state(run_path: Path) -> tuple[str, str | None]:
     killed job); failed: status `failed` (detail: the error); damaged: finished, but its run.json is
     unreadable or its model.pt missing, corrupt or not the file it wrote (detail: which).
     """
-    from flatbench.errors import CheckpointError
-    from flatbench.store import MODEL_FILE, RUN_JSON, read_json
-    from flatbench.store import check_model_hash
-
     run_path = Path(run_path)
     held = _lock_held(run_path)
     if not (run_path / RUN_JSON).is_file():
         return ("running", None) if held else ("not_started", None)
     try:
-        info = read_json(run_path / RUN_JSON)
+        info = load_run_info(run_path)
     except FlatbenchError as exc:
         return "damaged", str(exc)
     status = info.get("status")
@@ -49,6 +49,15 @@ def run_state(run_path: Path) -> tuple[str, str | None]:
             check_model_hash(run_path, info)
         except CheckpointError as exc:
             return "damaged", str(exc)
+        try:
+            stored = run_config_from_dict(info["config"])
+        except FlatbenchError as exc:
+            return "damaged", f"{run_path / RUN_JSON} holds an invalid config ({exc})"
+        if stored.run_id() != run_path.name:
+            return "damaged", f"{run_path / RUN_JSON} describes run {stored.run_id()}, not {run_path.name}"
+        for snap in info.get("snapshots") or []:
+            if not (run_path / snap["path"] / MODEL_FILE).is_file():
+                return "damaged", f"{run_path / snap['path'] / MODEL_FILE} (a snapshot run.json lists) is missing"
         return "finished", None
     if held:
         return "running", None
@@ -59,9 +68,6 @@ def run_state(run_path: Path) -> tuple[str, str | None]:
 
 def _expected_entries(study: Any) -> list[str]:
     """measures.json keys of the study's configured measures (one per loss for loss-based ones)."""
-    from flatbench.measures.keys import entry_keys
-    from flatbench.measures.registry import get_measure, resolve_names
-
     try:
         names = resolve_names(list(study.measure.measures))
     except FlatbenchError:
@@ -71,8 +77,6 @@ def _expected_entries(study: Any) -> list[str]:
 
 def _measure_state(run_path: Path, keys: list[str]) -> tuple[bool, str | None]:
     """(every configured entry present, the damage of measures.json if any)."""
-    from flatbench.measures.runner import read_entries
-
     entries, damaged = read_entries(run_path)
     problem = f"{run_path / 'measures.json'} is damaged ({damaged})" if damaged else None
     done = bool(keys) and all(entries.get(k, {}).get("status") in ("ok", "not_applicable", "error") for k in keys)
@@ -86,9 +90,6 @@ def study_status(exp_dir: str | Path) -> dict[str, Any]:
     `flatbench run --executor` waits for before `flatbench report`). `stale`: run folders that are not
     runs of the current config; `damaged_files`: measures.json files that need `flatbench measure`.
     """
-    from flatbench.store import run_dir
-    from flatbench.study.spec import read_saved_study, stale_run_ids
-
     exp_dir = Path(exp_dir)
     study = read_saved_study(exp_dir)
     keys = _expected_entries(study)
@@ -138,17 +139,3 @@ def format_status(status: dict[str, Any]) -> str:
     done = c["finished"] / status["total"] if status["total"] else 1.0
     lines.append(f"{math.floor(100 * done)}% done")
     return "\n".join(lines)
-
-
-def wait_for_runs(exp_dir: str | Path, timeout_s: float, poll_s: float = 2.0,
-                  until: Callable[[dict], bool] | None = None) -> dict[str, Any]:
-    """Poll `study_status` until every run is finished or failed (or `until(status)`), or the timeout."""
-    import time
-
-    deadline = time.time() + timeout_s
-    while True:
-        st = study_status(exp_dir)
-        c = st["counts"]
-        if (until(st) if until else c["finished"] + c["failed"] == st["total"]) or time.time() > deadline:
-            return st
-        time.sleep(poll_s)

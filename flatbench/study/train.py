@@ -8,27 +8,35 @@ from pathlib import Path
 import torch
 
 from flatbench.config import Study
-from flatbench.errors import FlatbenchError
-from flatbench.store import RUN_JSON, RunLocked, is_finished, run_dir
-from flatbench.study.spec import (Echo, check_data, check_output_dir, check_study, save_study, shard_runs,
-                                  show_progress)
+from flatbench.errors import Echo, FlatbenchError
+from flatbench.store import RUN_JSON, RunLocked, atomic_write_json, is_finished, read_json, run_dir
+from flatbench.study.spec import check_data, check_output_dir, check_study, save_study, shard_runs, show_progress
+from flatbench.study.workers import run_jobs
+from flatbench.training import (Preempted, StopFlag, TrainOutcome, WorkerReport, check_run_dir, plan_groups,
+                                train_group, train_run)
 
 
 def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | None = None,
-                quiet: bool = False, echo: Echo = print, run_ids: list[str] | None = None) -> dict[str, list[str]]:
+                quiet: bool = False, echo: Echo = print, run_ids: list[str] | None = None,
+                checked: bool = False) -> TrainOutcome:
     """Train every unfinished run of the (shard of the) study; returns run ids by outcome.
 
-    Runs that `train.vectorize` groups (see `flatbench.vectorized`) train at once, the others one after
+    Runs that `train.vectorize` groups (see `flatbench.training.vectorized`) train at once, the others one after
     another, or, with `train.workers` > 1, several at once in worker processes on the same device
     (`flatbench.study.workers`); every way writes the same files. `run_ids` restricts the study to those runs (cluster tasks).
     Before anything is written: the names, the datasets, the output folder and every existing run folder
-    (its stored config must be the run's, its model.pt the one it wrote) are checked.
+    (its stored config must be the run's, its model.pt the one it wrote) are checked; `checked=True` says
+    that the caller has already run `check_study` on this study (`flatbench run`), so it is not run again.
     """
-    from flatbench.train import check_run_dir
-    from flatbench.vectorized import plan_groups
+    with StopFlag() as stop:  # a stop signal is kept for the whole stage (between runs too)
+        if not checked:
+            check_study(study)
+        return _train_study(study, device, stop, shard=shard, quiet=quiet, echo=echo, run_ids=run_ids)
 
-    check_study(study)
-    outcome: dict[str, list[str]] = {"trained": [], "skipped": [], "locked": [], "failed": []}
+
+def _train_study(study: Study, device: torch.device, stop: StopFlag, *, shard: tuple[int, int] | None,
+                 quiet: bool, echo: Echo, run_ids: list[str] | None) -> TrainOutcome:
+    outcome = TrainOutcome()
     runs = shard_runs(study, shard)
     if run_ids is not None:
         wanted = set(run_ids)
@@ -36,13 +44,13 @@ def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | 
     pending = []
     for rid, cfg in runs:
         if check_run_dir(run_dir(study.exp_dir, rid), rid, cfg) == "finished":
-            outcome["skipped"].append(rid)
+            outcome.skipped.append(rid)
         else:
             pending.append((rid, cfg))
     check_data(study, pending)
     check_output_dir(study.exp_dir, "experiment folder")
     save_study(study)
-    done = len(outcome["skipped"])
+    done = len(outcome.skipped)
     groups = plan_groups(pending, device)
     workers = max((cfg.train.workers for _, cfg in pending), default=1)
     if workers > 1 and len(groups) > 1:
@@ -50,12 +58,12 @@ def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | 
         return outcome
     progress = show_progress(quiet)
     for group in groups:
+        stop.check()  # a signal during the last run's evaluation or save: no other run starts
         ids = [rid for rid, _ in group]
         if not quiet:
             echo(_starting(ids, done, len(runs)))
         done += len(ids)
-        for key, values in train_group_job(group, study.exp_dir, device, study.sweep_axes, progress, echo).items():
-            outcome[key].extend(values)
+        outcome.add(train_group_job(group, study.exp_dir, device, study.sweep_axes, progress, echo))
     return outcome
 
 
@@ -66,27 +74,22 @@ def _starting(ids: list[str], done: int, total: int) -> str:
 
 
 def train_group_job(group: list, exp_dir: Path, device: torch.device | str, sweep_axes: tuple,
-                    progress: bool = False, echo: Echo = print) -> dict[str, list[str]]:
+                    progress: bool = False, echo: Echo = print) -> TrainOutcome:
     """Train one planned group (one run, or a vectorized group); returns run ids by outcome. A run that
     fails is marked failed and the others go on; a stop signal or Ctrl-C propagates (checkpoints kept)."""
-    from flatbench.train import Preempted, train_run
-    from flatbench.vectorized import train_group
-
     device = torch.device(device)
-    outcome: dict[str, list[str]] = {"trained": [], "skipped": [], "locked": [], "failed": []}
+    outcome = TrainOutcome()
     ids = [rid for rid, _ in group]
     try:
         if len(group) == 1:
             rid, cfg = group[0]
             train_run(rid, cfg, run_dir(exp_dir, rid), device, sweep_axes=sweep_axes, progress=progress, echo=echo)
-            outcome["trained"].append(rid)
+            outcome.trained.append(rid)
         else:
-            result = train_group(group, exp_dir, device, sweep_axes=sweep_axes, progress=progress, echo=echo)
-            for key, values in result.items():
-                outcome[key].extend(values)
+            outcome.add(train_group(group, exp_dir, device, sweep_axes=sweep_axes, progress=progress, echo=echo))
     except RunLocked as exc:
         echo(f"skipping {ids[0]}: {exc}")
-        outcome["locked"].append(ids[0])
+        outcome.locked.append(ids[0])
     except (FlatbenchError, Preempted, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - one broken run must not stop the sweep
@@ -95,59 +98,59 @@ def train_group_job(group: list, exp_dir: Path, device: torch.device | str, swee
             if not is_finished(path):
                 _mark_failed(path, exc)
                 echo(f"run {rid} failed: {type(exc).__name__}: {exc}")
-                outcome["failed"].append(rid)
+                outcome.failed.append(rid)
     return outcome
 
 
-def _worker_train(group: list, exp_dir: str, device: str, sweep_axes: tuple) -> dict[str, list[str]]:
-    """A worker process's job: one group; its output lines are returned (`lines`) for the parent to echo,
-    and a stop signal is reported, not raised."""
-    from flatbench.train import Preempted
-
-    lines: list[str] = []
+def _worker_train(group: list, exp_dir: str, device: str, sweep_axes: tuple) -> WorkerReport:
+    """A worker process's job: one group; its output lines are returned for the parent to echo, and a stop
+    signal, Ctrl-C or a one-line error is reported, not raised."""
+    report = WorkerReport(TrainOutcome())
+    ids = [rid for rid, _ in group]
     try:
-        result = train_group_job(group, Path(exp_dir), device, sweep_axes, progress=False, echo=lines.append)
+        report.outcome = train_group_job(group, Path(exp_dir), device, sweep_axes, progress=False,
+                                         echo=report.lines.append)
     except Preempted as exc:
-        result = {"preempted": [rid for rid, _ in group], "signal": [str(exc.signum)]}
+        report.preempted, report.signum = ids, exc.signum
     except KeyboardInterrupt:
-        result = {"interrupted": [rid for rid, _ in group]}
+        report.interrupted = ids
     except FlatbenchError as exc:
-        result = {"error": [str(exc)]}
-    return {**result, "lines": lines}
+        report.error = str(exc)
+    return report
 
 
 def _train_in_workers(groups: list, study: Study, device: torch.device, workers: int,
-                      outcome: dict[str, list[str]], echo: Echo) -> None:
+                      outcome: TrainOutcome, echo: Echo) -> None:
     """`train.workers` > 1: the planned groups as jobs of a pool of worker processes on one device."""
-    from flatbench.study.workers import run_jobs
-    from flatbench.train import Preempted
-
     echo(f"training {sum(len(g) for g in groups)} runs in {min(workers, len(groups))} worker processes on {device}")
-    stopped: dict[str, list[str]] = {}
+    reports: list[WorkerReport] = []
 
-    def collect(job: tuple, result: dict[str, list[str]]) -> None:
-        for line in result.pop("lines", []):
+    def collect(job: tuple, report: WorkerReport) -> None:
+        for line in report.lines:
             echo(line)
-        for key, values in result.items():
-            if key in outcome:
-                outcome[key].extend(values)
-            else:
-                stopped.setdefault(key, []).extend(values)
+        outcome.add(report.outcome)
+        reports.append(report)
 
     run_jobs(_worker_train, [(group, str(study.exp_dir), str(device), study.sweep_axes) for group in groups],
-             workers, device, collect)
-    if stopped.get("error"):
-        raise FlatbenchError(stopped["error"][0])
-    if stopped.get("preempted"):
-        signum = int(stopped.get("signal", ["15"])[0])
-        raise Preempted(f"signal {signum} ({len(stopped['preempted'])} run(s) checkpointed)", signum)
-    if stopped.get("interrupted"):
+             workers, device, collect, hold_signals=True)
+    errors = [r.error for r in reports if r.error]
+    if errors:
+        raise FlatbenchError(errors[0])
+    preempted = [r for r in reports if r.preempted]
+    if preempted:
+        signum = next((r.signum for r in preempted if r.signum is not None), 15)
+        raise Preempted(f"signal {signum} ({sum(len(r.preempted) for r in preempted)} run(s) checkpointed)", signum)
+    if any(r.interrupted for r in reports):
         raise KeyboardInterrupt
 
 
 def _mark_failed(path: Path, exc: BaseException) -> None:
-    from flatbench.store import atomic_write_json, read_json
-
-    info = read_json(path / RUN_JSON) if (path / RUN_JSON).is_file() else {"run_id": path.name}
+    try:
+        info = read_json(path / RUN_JSON) if (path / RUN_JSON).is_file() else {}
+    except FlatbenchError:
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    info.setdefault("run_id", path.name)
     info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
     atomic_write_json(path / RUN_JSON, info)

@@ -15,24 +15,52 @@ caller then raises `train.Preempted`. Ctrl-C reaches the workers through the ter
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 import torch
 
-from flatbench.train import STOP_SIGNALS
+from flatbench.errors import silence_library_noise
+from flatbench.training.signals import STOP_SIGNALS, StopFlag, hold_stop_signals
 
 
-def _init_worker(threads: int) -> None:
-    import warnings
-
+def _init_worker(threads: int, parent: int, hold_signals: bool = False) -> None:
+    die_with_parent(parent)
+    if hold_signals:
+        hold_stop_signals()
     torch.set_num_threads(max(1, threads))
-    warnings.filterwarnings("ignore", message=".*torch.jit.script.*is deprecated", category=FutureWarning)
+    silence_library_noise()
+
+
+def die_with_parent(parent: int) -> None:
+    """End this worker when the process that started it dies, however it dies (kill -9 included): on Linux
+    the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a thread watches the parent. A run being
+    trained keeps its last epoch checkpoint, as when a lone training is killed, and resumes from it."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="flatbench-parent-watch", daemon=True).start()
 
 
 def threads_per_worker(workers: int, device: torch.device) -> int:
@@ -44,17 +72,23 @@ def threads_per_worker(workers: int, device: torch.device) -> int:
 
 
 def run_jobs(fn: Callable[..., Any], jobs: Iterable[tuple], workers: int, device: torch.device,
-             on_result: Callable[[tuple, Any], None]) -> None:
+             on_result: Callable[[tuple, Any], None], hold_signals: bool = False) -> None:
     """Run `fn(*job)` for every job in a pool of `workers` processes, calling `on_result(job, result)` in
     this process as each finishes (in completion order). `fn` must be a module-level function and the
-    jobs picklable. An exception in a job is raised here after the pool is shut down."""
+    jobs picklable. An exception in a job is raised here after the pool is shut down. The workers die
+    with this process (`die_with_parent`). `hold_signals`: the workers keep the training stop flag
+    (`training.hold_stop_signals`) from their start, and a stop signal forwarded to them is also recorded here
+    (`training.StopFlag.record`)."""
     jobs = list(jobs)
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=ctx,
-                               initializer=_init_worker, initargs=(threads_per_worker(workers, device),))
+                               initializer=_init_worker,
+                               initargs=(threads_per_worker(workers, device), os.getpid(), hold_signals))
     forwarded: dict[int, Any] = {}
 
     def forward(signum: int, _frame: Any) -> None:
+        if hold_signals:
+            StopFlag.record(signum)
         for proc in list(getattr(pool, "_processes", {}).values()):
             try:
                 os.kill(proc.pid, signum)

@@ -1,0 +1,198 @@
+"""What every report figure shares: the canvas, the colours and markers, the axis rules, and the map from
+data points to PNG pixels that the HTML report's hover reads.
+
+No pyplot: figures are plain `Figure` objects rendered to PNG bytes and cleared, so a report over
+hundreds of measures leaves no global figure state behind and runs on a headless cluster node.
+
+Readability rules (print in black and white, small sizes): colour encodes only the random-label ratio
+(and, in the heatmaps, the value of the cell), on a perceptually uniform map (cividis) whose lightness
+alone orders the values; models and measures are told apart by marker shape and line style, never by hue
+alone; every marker has a dark edge. Figures are at most `PAGE_WIDTH` inches wide, so that the HTML page
+shows them at their own size (one PNG pixel per CSS pixel) and no text is scaled below its point size.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from PIL import Image as PILImage
+
+from flatbench.analysis.fmt import p_phrase
+from flatbench.analysis.table import RATIO_COLUMN, to_float
+
+CMAP = "cividis"
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
+LINESTYLES = ("-", "--", ":", "-.")
+RATIO_NORM = Normalize(vmin=0.0, vmax=1.0)
+"""Ratios always span [0, 1]: the same colour means the same ratio in every figure."""
+DPI = 110
+PAGE_WIDTH = 10.0
+"""Inches: 1,100 px at `DPI`, the HTML report's text width."""
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A constrained-layout figure at the report's DPI (so that drawing coordinates are PNG pixels)."""
+    return Figure(figsize=(min(width, PAGE_WIDTH), height), dpi=DPI, layout="constrained")
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """Render to PNG at `DPI` and free the figure's artists (the report can hold hundreds of plots)."""
+    fig.set_dpi(DPI)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return _encode(canvas, fig)
+
+
+def _encode(canvas: FigureCanvasAgg, fig: Figure) -> bytes:
+    """The canvas as drawn, as a 256-colour PNG, then the figure cleared. Drawn once (`savefig` would lay out
+    and draw the figure again, which doubled the report's time); 256 colours keep flat plot colours and
+    antialiased text intact at a third of the bytes of RGB, so a report of 40 measures stays a few MB."""
+    width, height = canvas.get_width_height()
+    image = PILImage.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    buf = io.BytesIO()
+    image.convert("RGB").quantize(colors=256, method=PILImage.Quantize.FASTOCTREE,
+                                  dither=PILImage.Dither.NONE).save(buf, format="png")
+    fig.clear()
+    return buf.getvalue()
+
+
+@dataclass
+class Drawn:
+    """A rendered figure and, for hover, where its data points landed: `points` rows are
+    (x pixel, y pixel from the top, run index, panel index) in the PNG's own pixels."""
+
+    png: bytes
+    width: int = 0
+    height: int = 0
+    points: list[list[float]] = field(default_factory=list)
+    panels: list[str] = field(default_factory=list)
+
+
+def render_with_points(fig: Figure, groups: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray, int]],
+                       panels: list[str]) -> Drawn:
+    """Draw the figure, map each group (axes, x, y, run indices, panel) to the pixels of that drawing,
+    and encode the same drawing as the PNG, so the pixels match the image the page shows."""
+    fig.set_dpi(DPI)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    width, height = canvas.get_width_height()
+    points: list[list[float]] = []
+    for ax, x, y, idx, panel in groups:
+        if not len(x):
+            continue
+        xy = ax.transData.transform(np.column_stack([x, y]))
+        for (px, py), i in zip(xy, idx):
+            if math.isfinite(px) and math.isfinite(py):
+                points.append([round(float(px), 1), round(float(height - py), 1), int(i), int(panel)])
+    return Drawn(_encode(canvas, fig), width, height, points, panels)
+
+
+def gap_label(gap: str) -> str:
+    return ("generalization gap (train acc − test acc)" if gap == "acc"
+            else "generalization gap (test loss − train loss)")
+
+
+def use_log(values: np.ndarray) -> bool:
+    """Log axis when every value is positive and they span more than two decades."""
+    finite = values[np.isfinite(values)]
+    return bool(len(finite) >= 2 and finite.min() > 0 and finite.max() / finite.min() > 100.0)
+
+
+def model_labels(frame: pd.DataFrame) -> pd.Series:
+    """The 'model' of each run, for markers and lines: the model and dataset fields that vary, joined
+    (e.g. "lenet cifar10"); the experiment folder when combined folders differ in something else."""
+    def varies(col: str) -> bool:
+        return col in frame.columns and frame[col].astype(str).nunique() > 1
+
+    parts = [c for c in frame.columns if (c.startswith("model.") or c == "data.dataset") and varies(c)]
+    if not parts and varies("experiment"):
+        parts = ["experiment"]
+    if not parts or frame.empty:
+        name = frame["model.name"] if "model.name" in frame.columns else pd.Series("model", index=frame.index)
+        return name.astype(str)
+
+    def label(row: pd.Series) -> str:
+        out = []
+        for col in parts:
+            value = row[col]
+            out.append(str(value) if col in ("model.name", "data.dataset", "experiment")
+                       else f"{col.split('.', 1)[1]}={value}")
+        return " ".join(out)
+
+    return frame.apply(label, axis=1).astype(str)
+
+
+def marker_map(labels: pd.Series) -> dict[str, str]:
+    return {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(sorted(set(labels)))}
+
+
+def ratios_of(frame: pd.DataFrame) -> np.ndarray | None:
+    """Each run's random-label ratio, or None when the table has none."""
+    for col in (RATIO_COLUMN, "labels.ratio"):
+        if col in frame.columns:
+            values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
+            if np.isfinite(values).any():
+                return values
+    return None
+
+
+def empty_panel(ax: Any, text: str, fontsize: float) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=fontsize, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def grid_shape(n: int, max_cols: int = 4) -> tuple[int, int]:
+    """(rows, columns) of a grid of n small panels, at most `max_cols` wide."""
+    cols = max(1, min(max_cols, n))
+    return math.ceil(max(n, 1) / cols), cols
+
+
+def ratio_colorbar(fig: Figure, axes: Any, fontsize: float, shrink: float = 1.0) -> None:
+    cbar = fig.colorbar(ScalarMappable(norm=RATIO_NORM, cmap=CMAP), ax=axes, shrink=shrink)
+    cbar.set_label("random-label ratio", fontsize=fontsize)
+    cbar.ax.tick_params(labelsize=fontsize - 1)
+
+
+def tau_text(row: Any, short: bool = False) -> str:
+    """"Kendall τ = 0.85 [0.78, 0.93], p < 0.001, n = 24" (the interval only where there is one);
+    `short`: "τ 0.85 [0.78, 0.93], p < 0.001" for a small panel's title."""
+    row = row or {}
+    tau = to_float(row.get("kendall_tau"))
+    if not math.isfinite(tau):
+        note = str(row.get("note") or "no correlation")
+        return f"τ: n/a ({note.split(';')[0]})"
+    lo, hi = to_float(row.get("kendall_tau_lo")), to_float(row.get("kendall_tau_hi"))
+    ci = f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    p = to_float(row.get("kendall_p"))
+    p_txt = f", {p_phrase(p)}" if math.isfinite(p) else ""
+    if short:
+        return f"τ {tau:.2f}{ci}{p_txt}"
+    return f"Kendall τ = {tau:.2f}{ci}{p_txt}, n = {int(to_float(row.get('n')))}"
+
+
+def ink_on(rgba: tuple[float, ...]) -> str:
+    """Black or white text, whichever reads on a cell of this colour."""
+    r, g, b = rgba[:3]
+    return "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+
+
+def wrap_key(key: str, width: int = 30) -> str:
+    """A long measure key on two lines, broken before its "@loss" or ":variant" (so that small panels'
+    titles never run into their neighbours)."""
+    if len(key) <= width:
+        return key
+    for mark in ("@", ":"):
+        cut = key.rfind(mark)
+        if cut > 0:
+            return key[:cut] + "\n" + key[cut:]
+    return key[:width] + "\n" + key[width:]

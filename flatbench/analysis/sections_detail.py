@@ -1,0 +1,229 @@
+"""The report's detail sections, after the verdict, figures and audit (`sections`): every statistic of
+the ranking, the within-design statistics, τ per training-loss level, the training endpoint, the runs
+left out, the measures' status and time, the runs and the study config. Tables are split so that each
+fits the page (no sideways scrolling); long notes are listed under a table, not in a column."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from flatbench import store
+from flatbench.analysis.document import Bullets, CodeBlock, Details, Document, Heading, Paragraph, Table
+from flatbench.analysis.fmt import ci_text, num, p_text, seconds_text
+from flatbench.analysis.sections import ReportContext
+from flatbench.analysis.stats import MIN_CMI_PAIRS, MIN_RUNS
+from flatbench.analysis.table import to_float
+from flatbench.measures.keys import parse_key
+
+MAX_RUN_ROWS = 300
+"""The report lists at most this many runs; table.csv always has all of them."""
+
+
+def _with_p(value: Any, p: Any) -> str:
+    """A statistic with its p-value in brackets (the value alone when it has no p)."""
+    text = num(value)
+    return text if text == "n/a" or not math.isfinite(to_float(p)) else f"{text} (p {p_text(p)})"
+
+
+def _vs_best_text(r: dict[str, Any]) -> str:
+    label = str(r.get("vs_best") or "")
+    p = to_float(r.get("vs_best_p_holm"))
+    text = label + (f" ({p_text(p)})" if label not in ("best", "") and math.isfinite(p) else "")
+    return text + (" (borderline)" if str(r.get("vs_best_borderline")) == "True" else "")
+
+
+def _ranking_text(ctx: ReportContext) -> str:
+    corr = ctx.corr
+    methods = sorted({str(m) for m in corr.get("kendall_p_method", pd.Series(dtype=object)) if str(m)})
+    alpha = corr.attrs.get("alpha", 0.05)
+    min_ci = corr.attrs.get("min_ci_runs", 10)
+    return (f"Correlation of each measure with the gap over the runs where it has a value (n). p: two-sided "
+            f"permutation p-value of Kendall τ (here: {'; '.join(methods) if methods else 'none'}). Intervals: 95% "
+            f"percentile intervals of the design bootstrap, {corr.attrs.get('n_boot', ctx.n_boot)} resamples (report "
+            f"seed {ctx.seed}): {ctx.analysis.resampling or 'no resampling'}; pairs of runs of one cell reweighted so "
+            "that every pair counts equally on average, and the resampled values spread by sqrt(m/(m − 1)) for cells "
+            f"of m runs (README, Statistics). Given only from {min_ci} runs on. vs best: the paired comparison of τ "
+            "with the best measure (same resamples, Wald test with the bootstrap standard error), Holm-adjusted over "
+            f"all the comparisons with the best (family-wise error {alpha:g}): worse, indistinguishable, or cannot "
+            f"compare (fewer than {min_ci} shared runs); (borderline): the adjusted p is within three Monte-Carlo "
+            f"errors of {alpha:g}, so another report seed may give the other label.")
+
+
+def ranking_section(doc: Document, ctx: ReportContext) -> None:
+    """Every correlation statistic, for the reader who checks the verdict; notes under the table, so that
+    the table fits the page."""
+    doc.add(Heading(2, "Ranking", "ranking"))
+    corr = ctx.corr
+    doc.add(Paragraph(_ranking_text(ctx)))
+    if not len(corr):
+        doc.add(Paragraph("No measure values were found in these folders (run `flatbench measure` first)."))
+        return
+    rows = [[str(i), f"`{r['measure']}`", "larger" if r["larger_is_sharper"] else "smaller", str(r["n"]),
+             ci_text(r, "kendall_tau"), p_text(r.get("kendall_p")), _vs_best_text(r), ci_text(r, "spearman_rho"),
+             ci_text(r, "pearson_r")] for i, r in enumerate(corr.to_dict(orient="records"), 1)]
+    doc.add(Table(["#", "measure", "sharper when", "n", "Kendall τ [95% CI]", "p", "vs best (Holm p)",
+                   "Spearman ρ [95% CI]", "Pearson r [95% CI]"], rows,
+                  [True, False, False, True, True, True, False, True, True], sortable=True, compact=True))
+    notes = [f"`{r['measure']}`: {r['note']}" for r in corr.to_dict(orient="records") if r.get("note")]
+    if notes:
+        doc.add(Paragraph("Notes:"))
+        doc.add(Bullets(notes))
+    if len(ctx.analysis.included) < MIN_RUNS:
+        doc.add(Paragraph(f"Correlations need at least {MIN_RUNS} trained runs; this study has "
+                          f"{len(ctx.analysis.included)}."))
+    design_section(doc, ctx)
+
+
+def design_section(doc: Document, ctx: ReportContext) -> None:
+    """ψ per axis and Ψ; then CMI, Dziugaite et al.'s sign errors, seed pairs and the SE/spread."""
+    axes, records = ctx.analysis.axes, ctx.corr.to_dict(orient="records")
+    doc.add(Heading(3, "Within the design: granulated Kendall, CMI, sign errors, seed pairs"))
+    if axes:
+        doc.add(Paragraph(
+            "ψ per hyperparameter axis: the mean τ over the groups of runs that share every other hyperparameter and "
+            "the seed (they differ in that axis only); Ψ is their mean; in brackets the p-value of each ψ under "
+            "within-group permutations of the gap (the exact sign test when every group is a pair; one test per "
+            "axis, so compare it with 0.05 divided by the number of axes). CMI: the minimum over conditioning sets of "
+            "at most two hyperparameter axes (never the seed) of Jiang et al.'s normalized conditional mutual "
+            f"information, given only when every cell holds at least {MIN_CMI_PAIRS} pairs of runs. Sign error: "
+            "Dziugaite et al.'s, mean and worst over the environments (0.5 = chance)."))
+        doc.add(Details("ψ per hyperparameter axis and Ψ, per measure", [
+            Table(["measure", *[f"ψ `{a}`" for a in axes], "Ψ"],
+                  [[f"`{r['measure']}`", *[_with_p(r.get(f"psi_{a}"), r.get(f"p_psi_{a}")) for a in axes],
+                    num(r["psi"])] for r in records], [False, *[True] * (len(axes) + 1)], sortable=True,
+                  compact=True)]))
+    doc.add(Paragraph("Seed pairs: the share of pairs of runs that differ only in their seed whose measure difference "
+                      "has the gap's sign (0.5 = chance), with its exact sign test. SE/spread: a Monte-Carlo measure's "
+                      "median standard error over the standard deviation of its values."))
+    doc.add(Details("CMI, sign errors, seed pairs and SE/spread, per measure", [Table(
+                  ["measure", "CMI", "CMI attained at", "CMI min pairs", "sign error mean", "sign error worst",
+                   "environments", "seed pairs ordered", "seed pairs", "SE/spread"],
+                  [[f"`{r['measure']}`", num(r["cmi"]), f"`{r['cmi_condition']}`" if r["cmi_condition"] else "n/a",
+                    num(r.get("cmi_min_pairs"), 0), num(r.get("sign_error_mean")), num(r.get("sign_error_worst")),
+                    str(r.get("n_environments", 0)), _with_p(r.get("seed_pairs_concordant"), r.get("seed_pairs_p")),
+                    str(r.get("n_seed_pairs", 0)), num(r.get("se_ratio"))] for r in records],
+                  [False, True, False, True, True, True, True, True, True, True], sortable=True, compact=True)]))
+
+
+def levels_section(doc: Document, ctx: ReportContext) -> None:
+    """τ at each snapshot level: whether a verdict depends on how far training went."""
+    levels = ctx.levels
+    if levels is None or not len(levels):
+        return
+    doc.add(Heading(2, "Verdict by training-loss level", "levels"))
+    doc.add(Paragraph("Each measure's Kendall τ with the gap on the models as they were when their train loss first "
+                      "reached each level (`train.snapshot_losses`), and on the final models. n is the number of "
+                      "runs that reached the level. Only the measures computed on snapshots are listed."))
+    cols = list(dict.fromkeys(levels["level"].tolist()))
+    lookup = {(r["measure"], r["level"]): r for r in levels.to_dict(orient="records")}
+    snap = {str(m) for m, lv in zip(levels["measure"], levels["level"]) if lv != "final"}
+    order = [str(m) for m in ctx.corr["measure"] if str(m) in snap] or sorted(snap)
+    rows = []
+    for m in order:
+        cells = [("n/a" if (r := lookup.get((m, lv))) is None else f"{num(r['kendall_tau'])} (n {r['n']})")
+                 for lv in cols]
+        rows.append([f"`{m}`", *cells])
+    doc.add(Table(["measure", *[f"loss ≤ {lv:g}" if lv != "final" else "final" for lv in cols]], rows,
+                  [False, *[True] * len(cols)], sortable=True, compact=True))
+
+
+def endpoint_section(doc: Document, ctx: ReportContext) -> None:
+    """Where the runs stopped: curvature measures compare only between runs at similar train losses."""
+    endpoint = ctx.endpoint
+    if endpoint is None or not len(ctx.analysis.included):
+        return
+    doc.add(Heading(2, "Training endpoint", "endpoint"))
+    doc.add(Paragraph(
+        f"Final train loss of the runs used: {endpoint.low:.3g} to {endpoint.high:.3g} (a factor of {endpoint.span:.3g}). "
+        "The cross-entropy's curvature shrinks with the loss, so curvature measures are comparable only between runs "
+        "that stopped at similar losses (`train.target_train_loss`)."))
+    if endpoint.warnings:
+        doc.add(Bullets([f"**Warning:** {w}" for w in endpoint.warnings]))
+    else:
+        doc.add(Paragraph("Every run ended within the report's limits (`report.max_train_loss`, "
+                          "`report.max_loss_span`)."))
+
+
+def excluded_section(doc: Document, ctx: ReportContext) -> None:
+    """Every run left out, with its reason: nothing is dropped silently."""
+    doc.add(Heading(2, "Excluded runs", "excluded"))
+    excluded = ctx.analysis.excluded
+    if len(excluded):
+        doc.add(Table(["run", "experiment", "status", "reason"],
+                      [[f"`{r.run_id}`", f"`{r.experiment}`", str(r.status), str(r.reason)]
+                       for r in excluded.itertuples()]))
+    else:
+        doc.add(Paragraph("None: every run found was trained and enters the statistics."))
+
+
+def time_section(doc: Document, ctx: ReportContext) -> None:
+    """Each measure's status, cost and time, and its first problem in full (a truncated error is useless)."""
+    doc.add(Heading(2, "Measures and time", "time"))
+    table, records, status = ctx.table, ctx.records, ctx.status
+    n_runs = len(table)
+    train_sec = table["train_seconds"].sum(min_count=1) if n_runs else math.nan
+    doc.add(Table(["stage", "total time", "runs"],
+                  [["training", seconds_text(train_sec), str(int(table["train_seconds"].notna().sum()) if n_runs else 0)],
+                   ["measuring", seconds_text(sum(s["seconds"] for s in status)),
+                    str(sum(1 for r in records if r.measures))]], [False, True, True]))
+    if not status:
+        return
+    specs = ctx.measure_info or {}
+    rows = []
+    for s in status:
+        spec = specs.get(parse_key(s["entry"]).measure)
+        rows.append([f"`{s['entry']}`", ctx.families.get(s["entry"], "other"),
+                     getattr(spec, "description", "") or "(not registered)", getattr(spec, "cost", "") or "",
+                     str(s["ok"]), str(s["not_applicable"]), str(s["error"] + s["other"]), seconds_text(s["seconds"]),
+                     seconds_text(s["seconds"] / s["timed"] if s["timed"] else math.nan)])
+    blocks: list[Any] = [Table(["measure", "family", "description", "cost", "ok", "not applicable", "failed",
+                                "total time", "per run"], rows,
+                               [False, False, False, False, True, True, True, True, True], sortable=True, compact=True)]
+    problems = [f"`{s['entry']}`: {s['problem']}" for s in status if s["problem"]]
+    if problems:
+        blocks += [Paragraph("First problem of each measure that did not give a value on every run:"), Bullets(problems)]
+    doc.add(Details(f"Each of the {len(status)} measure entries: description, cost, status, time, first problem",
+                    blocks))
+
+
+def runs_section(doc: Document, ctx: ReportContext) -> None:
+    """The runs, each linked to its folder (run.json, measures.json), so a point in a plot can be traced."""
+    doc.add(Heading(2, "Runs", "runs"))
+    table, axes = ctx.table, [a for a in ctx.analysis.axes if a in ctx.table.columns]
+    hrefs = {(rec.experiment, rec.run_id): ctx.run_href(rec) for rec in ctx.records}
+    rows = []
+    for _, r in table.head(MAX_RUN_ROWS).iterrows():
+        loss = to_float(r.get("train_loss"))
+        reached = r.get("reached_target")
+        href = hrefs.get((r["experiment"], r["run_id"]))
+        rows.append([f"[{r['run_id']}]({href})" if href else f"`{r['run_id']}`", str(r["status"]),
+                     *[str(r[a]) for a in axes], num(r["train_acc"], 3), f"{loss:.3g}" if math.isfinite(loss) else "n/a",
+                     num(r["test_acc"], 3), num(r[ctx.analysis.gap_column], 3), num(r.get("epochs"), 0),
+                     {True: "yes", False: "no"}.get(reached, "-") if not isinstance(reached, float) else "-",
+                     seconds_text(r["train_seconds"])])
+    doc.add(Details(f"The {len(rows)} runs, each linked to its folder", [
+        Table(["run (folder)", "status", *[f"`{a}`" for a in axes], "train acc", "train loss", "test acc", "gap",
+               "epochs", "target reached", "train time"], rows,
+              [False, False, *[False] * len(axes), True, True, True, True, True, False, True], sortable=True,
+              compact=True)]))
+    if len(table) > MAX_RUN_ROWS:
+        doc.add(Paragraph(f"First {MAX_RUN_ROWS} of {len(table)} runs; table.csv has all of them."))
+
+
+def config_section(doc: Document, ctx: ReportContext) -> None:
+    """The saved study config, so that the report says exactly what was run."""
+    doc.add(Heading(2, "Study config", "config"))
+    doc.add(Paragraph(f"Report settings: gap = {ctx.analysis.gap}, min_train_acc = {ctx.min_train_acc:g}, bootstrap "
+                      f"resamples = {ctx.n_boot}, seed = {ctx.seed}."))
+    for exp in ctx.exp_dirs:
+        path = exp / store.STUDY_FILE
+        if len(ctx.exp_dirs) > 1:
+            doc.add(Heading(3, f"`{exp.name}`"))
+        if path.is_file():
+            doc.add(Details(f"`{exp.name}/{store.STUDY_FILE}`",
+                            [CodeBlock(path.read_text(encoding="utf-8", errors="replace"), "yaml")]))
+        else:
+            doc.add(Paragraph(f"No `{store.STUDY_FILE}` in `{exp}`; the run configs are in table.csv."))

@@ -1,0 +1,204 @@
+"""The Python API: measure any `nn.Module` on data of one's own.
+
+    import flatbench
+    df = flatbench.measure(model, (x, y), ["hessian_trace", "normalized_sharpness", "path_norm"])
+
+One row per result key (`measure`, `key`, `value`, `status`, `reason`, `seconds`): a measure that does not
+apply to the model (path norm on a GELU network, the ψ measures on anything but a bias-free ReLU MLP, a
+rescaling family's layers missing) gives one row with status `not_applicable` and the reason; a measure
+that fails gives status `error` and the message. Each measure's extra information (method, iterations,
+standard errors) is in `df.attrs["info"][measure]`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor, nn
+
+from flatbench.config import DataConfig, MeasureConfig
+from flatbench.curvature import use_hvp_mode
+from flatbench.data import check_dataset_name, load_dataset, measurement_subset
+from flatbench.errors import FlatbenchError
+from flatbench.losses import get_loss
+from flatbench.measures.context import MeasureContext
+from flatbench.measures.keys import entry_keys
+from flatbench.measures.registry import get_measure, load_plugins, resolve_names
+from flatbench.measures.runner import check_settings, compute_entry
+from flatbench.models import build_from_factory
+from flatbench.store import atomic_write_json, atomic_write_text, torch_load
+
+COLUMNS = ("measure", "key", "value", "status", "reason", "seconds")
+
+
+def _as_tensors(data: Any, n_examples: int | None) -> tuple[Tensor, Tensor]:
+    """(inputs, targets) from a pair of tensors or from an iterable of (inputs, targets) batches (a
+    DataLoader), the first `n_examples` of them."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        x, y = data
+    elif isinstance(data, Iterable) and not isinstance(data, (Tensor, str, bytes)):
+        xs, ys, count = [], [], 0
+        for batch in data:
+            if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+                raise FlatbenchError("data: a DataLoader must give (inputs, targets) batches")
+            xs.append(batch[0])
+            ys.append(batch[1])
+            count += int(batch[0].shape[0])
+            if n_examples is not None and count >= n_examples:
+                break
+        if not xs:
+            raise FlatbenchError("data: the DataLoader gave no batches")
+        x, y = torch.cat(xs), torch.cat(ys)
+    else:
+        raise FlatbenchError(f"data must be an (inputs, targets) pair of tensors or a DataLoader, got "
+                             f"{type(data).__name__}")
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise FlatbenchError(f"data: {x.shape[0]} inputs and {y.shape[0]} targets (need the same, at least one)")
+    if n_examples is not None:
+        if n_examples < 1:
+            raise FlatbenchError(f"n_examples must be positive, got {n_examples}")
+        x, y = x[:n_examples], y[:n_examples]
+    if y.dtype.is_floating_point or y.ndim != 1:
+        raise FlatbenchError(f"data: targets must be class indices (n,) of an integer type, got {tuple(y.shape)} "
+                             f"{y.dtype}")
+    return x, y.long()
+
+
+def measure(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, ...] = "all", *,
+            loss: str | Callable[..., Any] = "ce", n_examples: int | None = None, device: str | torch.device = "cpu",
+            dtype: torch.dtype = torch.float64, settings: dict[str, dict[str, Any]] | None = None,
+            plugins: list[str] | tuple[str, ...] | None = None, seed: int = 0, hvp_mode: str = "auto",
+            chunk_size: int = 2000, max_memory_mb: int = 1024) -> Any:
+    """Compute `measures` (names, `all`, or a comma list) on `model` with `data` and return a DataFrame
+    (`measure_records`, one row per result key)."""
+    return records_to_frame(measure_records(
+        model, data, measures, loss=loss, n_examples=n_examples, device=device, dtype=dtype, settings=settings,
+        plugins=plugins, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size, max_memory_mb=max_memory_mb))
+
+
+def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, ...] = "all", *,
+                    loss: str | Callable[..., Any] = "ce", n_examples: int | None = None,
+                    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
+                    settings: dict[str, dict[str, Any]] | None = None, plugins: list[str] | tuple[str, ...] | None = None,
+                    seed: int = 0, hvp_mode: str = "auto", chunk_size: int = 2000, max_memory_mb: int = 1024
+                    ) -> dict[str, dict[str, Any]]:
+    """Compute `measures` (names, `all`, or a comma list) on `model` with `data` and return a DataFrame.
+
+    `loss`: ce | normalized_ce | mse | `file.py:function` | a function (logits, targets) -> per-example
+    losses, for the loss-based measures. `n_examples`: use the first n of `data`. The model is copied
+    (yours is left as it is), moved to `device` and `dtype` and put in eval mode. `settings`: per-measure
+    settings as in `measure.settings`. `plugins`: measure plugin files or modules to load first. `seed`
+    seeds every measure's random draws. `hvp_mode`: auto | rev_fwd | fwd_rev | double_backward.
+    """
+    if not isinstance(model, nn.Module):
+        raise FlatbenchError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    load_plugins(list(plugins or ()))
+    names = resolve_names([measures] if isinstance(measures, str) else list(measures))
+    if not names:
+        raise FlatbenchError("no measures given")
+    settings = {k: dict(v) for k, v in (settings or {}).items()}
+    check_settings(names, MeasureConfig(settings=settings))
+    device = torch.device(device)
+    x, y = _as_tensors(data, n_examples)
+    x = x.to(device=device, dtype=dtype if x.dtype.is_floating_point else x.dtype)
+    y = y.to(device)
+    net = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    for p in net.parameters():
+        p.requires_grad_(True)
+    if hvp_mode != "auto":
+        use_hvp_mode(net, hvp_mode)
+    ctx = _context(net, x, y, loss, seed=seed, chunk_size=chunk_size, max_memory_mb=max_memory_mb)
+    return compute_records(ctx, names, settings)
+
+
+def _context(net: nn.Module, x: Tensor, y: Tensor, loss: Any, **kwargs: Any) -> Any:
+    """A MeasureContext for an ad-hoc model, with `loss` (a name or a function) as its loss."""
+    with torch.no_grad():
+        out = net(x[:1])
+    if not isinstance(out, Tensor) or out.ndim != 2:
+        raise FlatbenchError(f"the model must return logits of shape (n, classes), got "
+                             f"{getattr(out, 'shape', type(out).__name__)}")
+    num_classes = int(out.shape[1])
+    if int(y.max()) >= num_classes or int(y.min()) < 0:
+        raise FlatbenchError(f"targets must lie in 0..{num_classes - 1} (the model has {num_classes} outputs)")
+    loss_fn = get_loss(loss)
+    loss_name = loss if isinstance(loss, str) else loss_fn.name
+    ctx = MeasureContext(model=net, inputs=x, targets=y, num_classes=num_classes, run_id="api", loss_name=loss_name,
+                         **kwargs)
+    ctx.cache[("loss", loss_name, ctx.normalized_ce_tau)] = loss_fn
+    return ctx
+
+
+def compute_records(ctx: Any, names: list[str], settings: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """measures.json entries (key → record, as the study's measure stage writes them) of `names` on `ctx`."""
+    records: dict[str, dict[str, Any]] = {}
+    for name in names:
+        spec = get_measure(name)
+        for entry_loss, key in entry_keys(name, spec, (ctx.loss_name,)):
+            records[key] = {"measure": name, **compute_entry(ctx, spec, spec.settings(settings), entry_loss)}
+    return records
+
+
+def records_to_frame(records: dict[str, dict[str, Any]]) -> Any:
+    """One row per result key (see the module docstring); each entry's info in `df.attrs["info"]`."""
+    rows: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}
+    for key, record in records.items():
+        status, seconds, name = record["status"], float(record["seconds"]), record["measure"]
+        if status == "ok":
+            info[key] = record.get("info", {})
+            for value_key, value in record["values"].items():
+                rows.append({"measure": name, "key": value_key, "value": float(value), "status": status,
+                             "reason": "", "seconds": seconds})
+        else:
+            rows.append({"measure": name, "key": key, "value": math.nan, "status": status,
+                         "reason": str(record.get("reason") or record.get("error") or ""), "seconds": seconds})
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    df.attrs["info"] = info
+    return df
+
+
+def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
+                  measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
+                  dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,
+                  settings: dict[str, dict[str, Any]] | None = None) -> tuple[Any, Any]:
+    """`flatbench measure-model`: build the model of `factory` (file.py:function, pkg.module:function) for
+    the dataset `data` (a built-in name or an .npz file), load `checkpoint` (a state dict, or a dict with
+    one under `state_dict` or `model`), measure it on the first `n_examples` training examples (a seeded
+    class-balanced subset), and write measures.json and table.csv into `out`. Returns (DataFrame, out)."""
+    check_dataset_name(data)
+    if dtype not in ("float64", "float32"):
+        raise FlatbenchError(f"--dtype must be float64 or float32, got {dtype!r}")
+    ds = load_dataset(DataConfig(dataset=data), seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_from_factory(factory, ds.input_shape, ds.num_classes)
+    if checkpoint is not None:
+        blob = torch_load(Path(checkpoint), map_location="cpu")
+        state = blob.get("state_dict", blob.get("model", blob)) if isinstance(blob, dict) else blob
+        if isinstance(state, nn.Module):
+            state = state.state_dict()
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            raise FlatbenchError(f"checkpoint {checkpoint} does not fit the model of {factory} "
+                                 f"({str(exc).splitlines()[0]})") from None
+    x, y = measurement_subset(ds, n_examples, seed)
+    records = measure_records(model, (x, y), measures or ["all"], device=device,
+                              dtype=torch.float64 if dtype == "float64" else torch.float32, settings=settings,
+                              plugins=plugins, seed=seed)
+    df = records_to_frame(records)
+    out_dir = Path(out) if out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        context = {"model": factory, "checkpoint": checkpoint, "data": data, "n_examples": int(x.shape[0]),
+                   "dtype": dtype, "seed": seed}
+        atomic_write_json(out_dir / "measures.json", {k: {**r, "context": context} for k, r in records.items()})
+        atomic_write_text(out_dir / "table.csv", df.to_csv(index=False))
+    return df, out_dir

@@ -1,0 +1,166 @@
+"""The loss Hessian of a model on a data set as one operator object.
+
+Every curvature quantity flatbench computes is a question about one matrix, H = ∇²_θ L(θ) of the mean
+loss of a model over its measurement set. Before this object, that matrix was described again at every
+call by six arguments (model, inputs, targets, loss, chunk size, HVP mode) threaded through the measures,
+Hutchinson and Lanczos. `HessianOperator` holds them once, like curvlinops' `HessianLinearOperator`
+(a linear operator built from the model, the loss and the data), and answers the questions:
+
+    H = HessianOperator(model, inputs, targets, loss, chunk_size=2000)
+    H @ v                      # Hessian-vector product; v a dict keyed like named_parameters, or flat
+    H.trace(generator=g)       # Hutchinson's estimate, with its standard error
+    H.diagonal()               # exact for piecewise-linear networks, else Hutchinson (DiagonalResult)
+    H.top_eigenvalues(k=1, generator=g)   # Lanczos with full reorthogonalization
+
+The operator reads the model's parameters when it is applied (it holds no copy), so it stays valid while
+the weights are those it was built on; a measure that perturbs or rescales weights builds its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from flatbench.curvature.applicability import exact_applicable
+from flatbench.curvature.common import Welford, detached_params, flatten, rademacher, unflatten
+from flatbench.curvature.diagonal import DiagonalResult, NotExact, exact_diagonal
+from flatbench.curvature.hvp import hvp
+from flatbench.curvature.lanczos import lanczos_operator
+from flatbench.seeding import make_generator
+
+DEFAULT_HUTCHINSON_PROBES = 100
+"""Probes of the Hutchinson diagonal where the exact one does not apply (and of `trace` when neither
+probes nor rtol are given)."""
+DIAGONAL_METHODS = ("auto", "exact", "hutchinson")
+
+
+class HessianOperator:
+    """H of the mean `loss` of `model` over (inputs, targets); see the module doc.
+
+    `chunk_size` bounds the examples of one forward pass (products are weighted by each chunk's share of
+    the examples, so the result does not depend on it); `mode` is the HVP mode (`curvature.HVP_MODES`;
+    None: the model's, see `use_hvp_mode`)."""
+
+    def __init__(self, model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, *,
+                 chunk_size: int = 2000, mode: str | None = None):
+        self.model, self.inputs, self.targets, self.loss = model, inputs, targets, loss
+        self.chunk_size, self.mode = int(chunk_size), mode
+
+    # ------------------------------------------------------------ the matrix
+
+    @property
+    def params(self) -> dict[str, Tensor]:
+        """The parameters H is taken over (detached, keyed like `named_parameters`)."""
+        return detached_params(self.model)
+
+    @property
+    def size(self) -> int:
+        """The number of parameters: H is size × size."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def __matmul__(self, vec: dict[str, Tensor] | Tensor) -> dict[str, Tensor] | Tensor:
+        """H v: same structure as `vec` (dict or flat vector), in the parameters' dtype."""
+        return hvp(self.model, self.inputs, self.targets, self.loss, vec, chunk_size=self.chunk_size,
+                   mode=self.mode)
+
+    def flat_matvec(self) -> Callable[[Tensor], Tensor]:
+        """v ↦ H v on flat float64 vectors (what `lanczos_operator` and other Krylov methods take)."""
+        params = self.params
+        names = list(params)
+        return lambda v: flatten(self @ unflatten(v, params), names, torch.float64)
+
+    # ------------------------------------------------------------ what is asked of it
+
+    def trace(self, *, generator: torch.Generator, probes: int | None = None, rtol: float | None = None,
+              max_probes: int = 1000, min_probes: int = 10) -> dict[str, Any]:
+        """Tr H ≈ mean of zᵀHz over Rademacher probes z, with its standard error.
+
+        With `probes` a fixed count is drawn; otherwise, with `rtol`, probes are drawn until the standard
+        error is at most rtol·|mean| (at least `min_probes`, at most `max_probes`); with neither,
+        `DEFAULT_HUTCHINSON_PROBES`. Deterministic given the generator's state."""
+        params = self.params
+        if probes is None and rtol is None:
+            probes = DEFAULT_HUTCHINSON_PROBES
+        limit = probes if probes is not None else max_probes
+        acc = Welford()
+        while acc.count < limit:
+            z = rademacher(params, generator)
+            hz = self @ z
+            acc.add(float(sum((z[k].double() * hz[k].double()).sum() for k in params)))
+            if probes is None and acc.count >= max(2, min_probes) and acc.stderr() <= rtol * abs(acc.mean):
+                break
+        return {"mean": float(acc.mean), "stderr": float(acc.stderr()), "probes": acc.count}
+
+    def diagonal(self, *, method: str = "auto", max_memory_mb: int = 1024,
+                 generator: torch.Generator | None = None,
+                 hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES) -> DiagonalResult:
+        """diag H: exact where the network's logits are piecewise linear in every single parameter
+        (`curvature.diagonal`, decided by `exact_applicable`), else Hutchinson's estimate.
+
+        `method` is 'auto', 'exact' (ValueError when not applicable) or 'hutchinson'. `loss` must provide
+        `logit_hessian` for the exact path (`flatbench.losses`). The generator is only used by Hutchinson;
+        without one a fixed seed is used so results stay reproducible."""
+        if method not in DIAGONAL_METHODS:
+            raise ValueError(f"method must be auto, exact or hutchinson, got {method!r}")
+        ok, reason = exact_applicable(self.model, self.inputs[:1])
+        if method == "exact" and not ok:
+            raise ValueError(f"exact Hessian diagonal not applicable: {reason}")
+        if ok and method != "hutchinson":
+            try:
+                return exact_diagonal(self.model, self.inputs, self.targets, self.loss,
+                                      max_memory_mb=max_memory_mb, chunk_size=self.chunk_size)
+            except NotExact as exc:
+                if method == "exact":
+                    raise ValueError(f"exact Hessian diagonal not applicable: {exc}") from None
+                reason = str(exc)
+        elif method == "hutchinson" and ok:
+            reason = "hutchinson requested"
+        if generator is None:
+            generator = make_generator("hessian_diagonal", "default", device=self.inputs.device)
+        return self.hutchinson_diagonal(generator=generator, probes=hutchinson_probes, reason=reason)
+
+    def hutchinson_diagonal(self, *, generator: torch.Generator, probes: int = DEFAULT_HUTCHINSON_PROBES,
+                            reason: str = "hutchinson requested") -> DiagonalResult:
+        """diag H ≈ mean of z ⊙ Hz (Rademacher z: E[z_i z_j] = δ_ij, so the mean is unbiased), with
+        per-element standard errors and per-tensor trace standard errors from the per-probe sums; its cost
+        is `probes` HVPs over the whole set."""
+        params = self.params
+        elem = {k: Welford() for k in params}
+        per_tensor = {k: Welford() for k in params}
+        total = Welford()
+        for _ in range(max(1, probes)):
+            z = rademacher(params, generator)
+            hz = self @ z
+            sample_total = 0.0
+            for k in params:
+                sample = z[k].double() * hz[k].double()
+                elem[k].add(sample)
+                s = float(sample.sum())
+                per_tensor[k].add(s)
+                sample_total += s
+            total.add(sample_total)
+        return DiagonalResult(diag={k: w.mean for k, w in elem.items()}, method="hutchinson",
+                              stderr={k: w.stderr() for k, w in elem.items()}, probes=total.count,
+                              trace_stderr={k: float(w.stderr()) for k, w in per_tensor.items()},
+                              total_trace_stderr=float(total.stderr()), reason=reason,
+                              n=int(self.inputs.shape[0]))
+
+    def top_eigenvalues(self, *, k: int = 1, iters: int = 100, generator: torch.Generator, tol: float = 1e-6
+                        ) -> dict[str, Any]:
+        """The k largest (algebraic) eigenvalues of H by Lanczos with full reorthogonalization
+        (`lanczos_operator`; HVPs in the model's dtype): eigenvalues, residuals, iterations, converged."""
+        device = next(iter(self.params.values())).device
+        return lanczos_operator(self.flat_matvec(), self.size, device=device, k=k, iters=iters,
+                                generator=generator, tol=tol)
+
+
+def hessian_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any, *, max_memory_mb: int = 1024,
+                     chunk_size: int = 2000, generator: torch.Generator | None = None,
+                     hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES, method: str = "auto") -> DiagonalResult:
+    """`HessianOperator(model, inputs, targets, loss, chunk_size=...).diagonal(...)`, for callers that ask
+    only for the diagonal (the shared cache, the tests against full Hessians)."""
+    return HessianOperator(model, inputs, targets, loss, chunk_size=chunk_size).diagonal(
+        method=method, max_memory_mb=max_memory_mb, generator=generator, hutchinson_probes=hutchinson_probes)

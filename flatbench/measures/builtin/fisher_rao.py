@@ -1,0 +1,77 @@
+"""The Fisher-Rao norm (Liang, Poggio, Rakhlin, Stokes 2017).
+
+    ‖θ‖²_fr = E_n [ ⟨θ, ∇_θ ℓ(f(x_n; θ), y_n)⟩² ]
+
+over the measurement set, with θ **all parameters** (Linear / Conv2d weights and biases, BatchNorm's
+affine weight and bias; BatchNorm running statistics are buffers and stay fixed, eval mode).
+By the chain rule ⟨θ, ∇_θ ℓ_n⟩ = ⟨∇_f ℓ_n, J_n θ⟩, and J_n θ (the directional derivative of the logits
+along θ) comes from one forward-mode JVP per chunk, so no per-example gradient is ever formed.
+
+For a bias-free ReLU network with L+1 weight layers the logits are positively homogeneous of degree L+1
+in θ, so J_n θ = (L+1) f_n and, for cross-entropy, ‖θ‖²_fr = (L+1)² E[(⟨p_n, f_n⟩ − f_{n,y_n})²].
+
+Invariance. ⟨θ, ∇_θ ℓ(θ)⟩ = d/dt ℓ(tθ) at t = 1. A layer-, node- or BN-wise rescaling is a fixed linear
+map T of the parameters (with, for BN, a fixed change of the running statistics) that leaves the network
+function unchanged for *every* θ, so ℓ(t·Tθ) = ℓ(tθ) for all t and the derivative at t = 1 is the same:
+the norm is exactly invariant to these families, with or without biases (the bias of a rescaled unit is
+scaled with it). The logit-scale family changes the cross-entropy, so it changes this norm (for
+`normalized_ce`, which is blind to logit scale, it would not).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call, jvp
+
+from flatbench.curvature import forward_ad_missing, math_attention
+from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+
+
+def directional_logit_derivative(model: torch.nn.Module, x: torch.Tensor
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f(x; θ), J θ): the logits and their derivative along θ itself, by one forward-mode JVP, or, where an
+    operator has no forward-mode derivative (fused attention), by two reverse passes (the JVP as the
+    derivative of the VJP `uᵀJ θ` with respect to u)."""
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    with math_attention():
+        return _directional(model, x, params)
+
+
+def _directional(model: torch.nn.Module, x: torch.Tensor, params: dict[str, torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        return jvp(lambda p: functional_call(model, p, (x,)), (params,), (params,))
+    except (NotImplementedError, RuntimeError) as exc:
+        if not forward_ad_missing(exc):
+            raise
+    with torch.enable_grad():
+        leaves = {k: p.clone().requires_grad_(True) for k, p in params.items()}
+        out = functional_call(model, leaves, (x,))
+        u = torch.zeros_like(out, requires_grad=True)
+        grads = torch.autograd.grad(out, list(leaves.values()), u, create_graph=True, allow_unused=True,
+                                    materialize_grads=True)
+        dot = sum((g * params[k]).sum() for g, k in zip(grads, leaves))
+        (along,) = torch.autograd.grad(dot, u)
+    return out.detach(), along.detach()
+
+
+@register_measure(
+    "fisher_rao_norm",
+    description="Liang et al. 2017: E_n[⟨θ, ∇_θ ℓ(f_n, y_n)⟩²] over all parameters (one JVP along θ "
+                "per chunk)",
+    invariant_to=("layer", "node", "bn"), cost="gradient")
+def fisher_rao_norm(ctx: MeasureContext) -> MeasureOutput:
+    """The squared Fisher-Rao norm E_n[⟨θ, ∇_θ ℓ_n⟩²] (not its square root, unlike some ports).
+
+    Always with cross-entropy: for a loss that is invariant to scaling the logits (`normalized_ce`)
+    and a positively homogeneous network, ⟨θ, ∇_θ ℓ⟩ is identically 0, so the norm would be rounding noise.
+    """
+    total = 0.0
+    for x, y in ctx.chunks():
+        with torch.no_grad():
+            logits, along = directional_logit_derivative(ctx.model, x)
+        f = logits.detach().requires_grad_(True)
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(ctx.loss.per_example(f, y).sum(), f)  # row n: ∇_f ℓ_n
+        total += float(((g * along).sum(dim=1) ** 2).sum())
+    return MeasureOutput({"fisher_rao_norm": total / ctx.n}, {"method": "jvp_along_theta"})

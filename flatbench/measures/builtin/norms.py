@@ -1,0 +1,127 @@
+"""Norm-based baselines: Frobenius (sum and product), spectral (product), path norm.
+
+These are the classic scale-dependent complexity measures (Jiang et al. 2020's "norm" family). None
+declares an invariance except the path norm, and the invariance test matrix shows each undeclared family
+changing them. The two product forms (`frobenius_norm_product`, `spectral_norm`, logs of Π_l ‖W_l‖²) are
+nevertheless unchanged by a `layer` rescaling of a net **without BatchNorm**: it multiplies one weight
+layer by α and the next by 1/α (and scales biases, which they ignore), so the product stays. They do not
+declare `layer`, because a declaration holds for every architecture: with BatchNorm the `layer` family
+puts α into the BatchNorm's affine parameters, which these norms do not see, and 1/α into the next weight
+layer, so the product moves (as it does under `bn`, `node` and `logit_scale` everywhere). The test suite
+checks both halves (tests/measures/test_invariance.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from flatbench.measures import shared
+from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+
+
+def _layers(ctx: MeasureContext):
+    return shared.layers(ctx)
+
+
+@register_measure("frobenius_norm", description="Σ_l ‖W_l‖_F² over Linear/Conv weights", cost="cheap")
+def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
+    per_layer = {f"frobenius_norm/{l.name}": float(l.module.weight.detach().double().pow(2).sum())
+                 for l in _layers(ctx)}
+    return MeasureOutput({"frobenius_norm": sum(per_layer.values()), **per_layer})
+
+
+@register_measure("frobenius_norm_product", description="log Π_l ‖W_l‖_F² (the product form, as a log)",
+                  cost="cheap")
+def frobenius_norm_product(ctx: MeasureContext) -> MeasureOutput:
+    """Σ_l log ‖W_l‖_F². Unchanged by `layer` rescaling on nets without BatchNorm only (see the module
+    docstring), hence no declared invariance."""
+    logs = [math.log(float(l.module.weight.detach().double().pow(2).sum())) for l in _layers(ctx)]
+    return MeasureOutput({"frobenius_norm_product": sum(logs)})
+
+
+def _operator_norm(layer, iters: int, tol: float, gen: torch.Generator) -> tuple[float, int]:
+    """Largest singular value of the layer's linear map (conv: the whole convolution operator)."""
+    w = layer.module.weight.detach()
+    if isinstance(layer.module, nn.Linear):
+        return float(torch.linalg.matrix_norm(w.double(), ord=2)), 0
+    conv = layer.module
+
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    x = torch.randn((1, *layer.input_shape), generator=gen, device=w.device, dtype=w.dtype)
+    x = x / x.norm()
+    sigma_sq = 0.0
+    for it in range(1, iters + 1):
+        x.requires_grad_(True)
+        y = op(x)
+        (grad,) = torch.autograd.grad(0.5 * y.pow(2).sum(), x)  # = Cᵀ C x
+        new = float((x.detach() * grad).sum())
+        x = (grad / grad.norm()).detach()
+        if sigma_sq and abs(new - sigma_sq) <= tol * abs(new):
+            return math.sqrt(max(new, 0.0)), it
+        sigma_sq = new
+    return math.sqrt(max(sigma_sq, 0.0)), iters
+
+
+@register_measure("spectral_norm", description="log Π_l ‖W_l‖_2² (conv layers: power iteration on the "
+                  "convolution operator)", cost="cheap", defaults={"iters": 500, "tol": 1e-7})
+def spectral_norm(ctx: MeasureContext) -> MeasureOutput:
+    """Σ_l log ‖W_l‖_2² (a conv layer's operator norm by power iteration from a seeded start, so a scaled
+    layer gives the scaled norm to rounding). Unchanged by `layer` rescaling on nets without BatchNorm
+    only (see the module docstring), hence no declared invariance."""
+    gen = ctx.generator()
+    values, iters = {}, {}
+    for layer in _layers(ctx):
+        sigma, it = _operator_norm(layer, ctx.settings["iters"], ctx.settings["tol"], gen)
+        values[f"spectral_norm/{layer.name}"] = sigma ** 2
+        iters[layer.name] = it
+    total = sum(math.log(v) for v in values.values())
+    return MeasureOutput({"spectral_norm": total, **values}, {"power_iterations": iters})
+
+
+def _squared_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers for the squared-weights network of the path norm.
+
+    BatchNorm in eval mode is the per-channel affine map `a·x + b` with `a = γ/√(var+ε)`,
+    `b = β − a·μ`; its squared counterpart is `a²·x + b²`, expressed through the module's own
+    parameters by setting the running mean to 0 and the variance to 1 − ε.
+    """
+    state = {n: p.detach().pow(2) for n, p in model.named_parameters()}
+    state.update({n: b for n, b in model.named_buffers()})
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            prefix = f"{name}." if name else ""
+            scale = torch.rsqrt(module.running_var + module.eps)
+            gamma = module.weight if module.weight is not None else torch.ones_like(scale)
+            beta = module.bias if module.bias is not None else torch.zeros_like(scale)
+            a = gamma.detach() * scale
+            b = beta.detach() - a * module.running_mean
+            if module.weight is not None:
+                state[f"{prefix}weight"] = a.pow(2)
+            if module.bias is not None:
+                state[f"{prefix}bias"] = b.pow(2)
+            state[f"{prefix}running_mean"] = torch.zeros_like(module.running_mean)
+            state[f"{prefix}running_var"] = torch.full_like(module.running_var, 1.0 - module.eps)
+    return state
+
+
+@register_measure("path_norm", description="Σ_paths Π_e w_e²: the squared-weights network on an all-ones "
+                  "input (biases squared too)", cost="cheap", invariant_to=("layer", "node", "bn"))
+def path_norm(ctx: MeasureContext) -> MeasureOutput:
+    """Invariant to layer- and node-wise rescaling of ReLU nets: every path crosses a rescaled unit
+    once on its way in (× c²) and once on its way out (÷ c²); a path starting at a bias starts with
+    that unit's scaled bias. BatchNorm folds into a per-channel affine map that absorbs a rescaling of
+    the layer before it. Not applicable to a network with other operations (GELU, LayerNorm, attention):
+    its squared-weights network is not a sum over paths then."""
+    shared.require_relu_network(ctx, "path_norm")
+    ones = torch.ones((1, *ctx.inputs.shape[1:]), device=ctx.device, dtype=ctx.dtype)
+    with torch.no_grad():
+        out = functional_call(ctx.model, _squared_params(ctx.model), (ones,))
+    value = float(out.sum())
+    return MeasureOutput({"path_norm": value, "path_norm/log": math.log(value) if value > 0 else float("nan")})

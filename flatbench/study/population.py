@@ -1,0 +1,436 @@
+"""`flatbench audit EXPERIMENT --population`: do the measures keep their correlation with the gap under
+reparametrization? (The run audit and the pieces both audits share are in `flatbench.study.audit`.)
+
+**Population audit** (`flatbench audit EXPERIMENT_DIR --population [--family node] [--draws 3]
+[--max-factor 2 --max-factor 100]`): the papers' central claim made executable. Every finished run of the
+experiment gets `--draws` random function-preserving transformations of one family for each factor range
+[1/F, F] (default: 3 draws for each of the mild range F = 2 and the harsh range F = 100), each seeded by
+run, family, range and draw (`population_generator`); the measures are recomputed on every transformed
+copy, and each measure's Kendall τ-b with the generalization gap (the study's `report.gap`) on the
+population of copy d of range F is set against the untransformed τ:
+Δτ = τ_transformed − τ_original, one value per draw, reported as a distribution (mean, min, max,
+largest |Δτ| and every draw's τ). The gap does not change, so a measure worth using keeps its
+correlation. Untransformed values come from the run's measures.json where present (they were computed with
+the same settings), otherwise they are computed once. As in the report, a measure whose registry entry
+says `larger_is_sharper=False` is negated first, so a positive τ means "tracks the gap".
+
+All copies of a run are made in one pass: its context (model, data, measurement set) is built once, its
+untransformed values are read once, and each copy is a transformed deep copy with an empty cache (nothing
+computed on one copy is reused for another, so each value is the one the copy gets when measured alone).
+The finished runs are written to audit_population.csv after each run, and a later call with the same
+settings (measure config, family, model file) reuses them, so an interrupted audit goes on where it
+stopped (`fresh=True` / `--fresh` recomputes everything).
+
+Written to the experiment folder (or `--out`):
+
+- `audit_population.csv`: one row per (run, measure, range, draw): `run_id, measure, family, max_factor,
+  draw, original, transformed, rel_change, gap, status, note, original_source, function_change, seconds,
+  signature`;
+- `audit_correlations.csv`: one row per (measure, range): `measure, family, max_factor, n_draws,
+  n_draws_ok, n, tau_original, p_original, tau_mean, delta_mean, delta_min, delta_max, delta_absmax,
+  p_transformed_max, tau_draw_0 .. tau_draw_{k-1}, median_rel_change, declared_invariant, status, note`;
+  `status` is `ok`, `partial` (some draws have no τ), `no_transformed` (no draw has one: the measure
+  failed or was constant on the copies) or `no_original` (no untransformed τ); a missing τ or Δτ is left
+  empty (NaN), never 0;
+- `audit_draws.csv`: one row per (measure, range, draw) with its τ, Δτ and permutation p;
+- `audit_correlations.png` (`analysis.audit_plots`): per measure, τ_original and every draw's τ for each
+  range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from flatbench.analysis.audit_tables import format_correlations
+from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_batch, kendall_permutation_pvalues, usable
+from flatbench.errors import Echo, FlatbenchError
+from flatbench.store import (MEASURES_JSON, RUN_JSON, atomic_write_bytes, atomic_write_text,
+                             is_finished, read_json)
+from flatbench.analysis.audit_plots import audit_correlations_figure
+from flatbench.measures.registry import all_measures, get_measure, load_plugins
+from flatbench.measures.runner import build_context
+from flatbench.rescale import applicable_families
+from flatbench.seeding import make_generator
+from flatbench.study.workers import run_jobs
+from flatbench.study.audit import (Entry, measure_entry, declared_invariant, headline, measure_config,
+                                   parse_families, plan_entries, rel_change, report_gap, study_run_dirs,
+                                   transform_checked)
+
+POPULATION_CSV = "audit_population.csv"
+CORRELATIONS_CSV = "audit_correlations.csv"
+CORRELATIONS_PNG = "audit_correlations.png"
+DRAWS_CSV = "audit_draws.csv"
+
+DEFAULT_MAX_FACTORS = (2.0, 100.0)
+"""The population audit's factor ranges [1/F, F]: mild (F = 2) and harsh (F = 100)."""
+DEFAULT_DRAWS = 3
+"""Random transformations per run and factor range."""
+POPULATION_COLUMNS = ["run_id", "measure", "family", "max_factor", "draw", "original", "transformed",
+                      "rel_change", "gap", "status", "note", "original_source", "function_change", "seconds",
+                      "signature"]
+
+
+def population_generator(run_id: str, family: str, max_factor: float, draw: int) -> torch.Generator:
+    """The generator of one transformed copy of the population audit: seeded by run, family, factor range
+    and draw, so every copy is reproducible on its own."""
+    return make_generator("audit_population", run_id, family, f"{float(max_factor):g}", int(draw))
+
+
+def parse_max_factors(values: Any) -> tuple[float, ...]:
+    """Factor ranges from a number, a comma list ('2,100') or a sequence of either; each must be > 1."""
+    if values is None:
+        return DEFAULT_MAX_FACTORS
+    items = [values] if isinstance(values, (int, float, str)) else list(values)
+    out: list[float] = []
+    for item in items:
+        for part in (str(item).split(",") if isinstance(item, str) else [item]):
+            if isinstance(part, str) and not part.strip():
+                continue
+            try:
+                value = float(part)
+            except ValueError:
+                raise FlatbenchError(f"--max-factor takes numbers larger than 1, got {part!r}") from None
+            if not value > 1 or not math.isfinite(value):
+                raise FlatbenchError(f"--max-factor must be larger than 1, got {value:g}")
+            out.append(value)
+    if not out:
+        raise FlatbenchError("--max-factor: no factor range given")
+    return tuple(dict.fromkeys(out))
+
+
+def _signature(cfg: Any, family: str, model_sha256: Any) -> str:
+    """What a run's audit rows depend on besides (measure, range, draw): the measure config, the family and
+    the model file. Rows of an earlier audit are reused only when it matches."""
+    measure = dataclasses.asdict(cfg)
+    for key, default in (("plugins", []), ("hvp_mode", "auto")):  # absent at their default: earlier audits
+        if measure.get(key) in (default, tuple(default) if isinstance(default, list) else default):
+            measure.pop(key, None)
+    if cfg.plugins:  # an edited plugin makes its rows stale
+        measure["plugin_sha256"] = sorted({str(s.origin_sha256) for s in all_measures().values()
+                                           if s.origin != "builtin"})
+    text = json.dumps({"measure": measure, "family": family, "model": model_sha256}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _previous_rows(path: Path) -> pd.DataFrame | None:
+    """The rows of an earlier (or interrupted) population audit in the new format, else None."""
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path, dtype={"signature": str, "note": str})
+    except (OSError, ValueError, pd.errors.ParserError):
+        return None
+    return frame if set(POPULATION_COLUMNS) <= set(frame.columns) else None
+
+
+def _reusable(previous: pd.DataFrame | None, run_id: str, signature: str,
+              plan: set[tuple[str, float, int]]) -> list[dict[str, Any]] | None:
+    """A run's finished rows from an earlier audit when they cover the whole plan with the same signature."""
+    if previous is None:
+        return None
+    part = previous[(previous["run_id"] == run_id) & (previous["signature"].astype(str) == signature)]
+    if part.empty:
+        return None
+    keyed = {(str(r["measure"]), float(r["max_factor"]), int(r["draw"])): r
+             for r in part.to_dict(orient="records")}
+    if not plan <= set(keyed):
+        return None
+    rows = []
+    for key in sorted(plan, key=lambda k: (k[1], k[2])):
+        row = dict(keyed[key])
+        row["note"] = "" if pd.isna(row.get("note")) else row["note"]
+        rows.append(row)
+    return rows
+
+
+def _note(record: dict[str, Any]) -> str:
+    return "" if record.get("status") == "ok" else str(record.get("reason") or record.get("error") or "")
+
+
+def _taus(vectors: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[float, float, int]]:
+    """(τ, permutation p, n) of each (measure values, gap) pair over the runs where both are finite; the
+    pairs with the same runs are tested in one pass (the same permutations, as in the report)."""
+    out: list[tuple[float, float, int]] = [(float("nan"), float("nan"), 0)] * len(vectors)
+    groups: dict[bytes, list[int]] = {}
+    for i, (x, y) in enumerate(vectors):
+        ok = np.isfinite(x) & np.isfinite(y)
+        out[i] = (float("nan"), float("nan"), int(ok.sum()))
+        if usable(x[ok], y[ok]):
+            groups.setdefault(ok.tobytes(), []).append(i)
+    for members in groups.values():
+        ok = np.isfinite(vectors[members[0]][0]) & np.isfinite(vectors[members[0]][1])
+        xs = np.stack([vectors[i][0][ok] for i in members])
+        y = vectors[members[0]][1][ok]
+        taus = kendall_batch(xs, np.broadcast_to(y, xs.shape))
+        ps = kendall_permutation_pvalues(xs, y)
+        for i, tau, p in zip(members, taus, ps):
+            out[i] = (float(tau), float(p), int(ok.sum()))
+    return out
+
+
+def population_correlations(per_run: pd.DataFrame, entries: list[Entry], family: str,
+                            max_factors: tuple[float, ...], draws: int,
+                            larger_is_sharper: Callable[[str], bool]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From the per-run rows: one row per (measure, range) with the distribution of Δτ over the draws
+    (audit_correlations.csv), and one row per (measure, range, draw) (audit_draws.csv)."""
+    vectors: list[tuple[np.ndarray, np.ndarray]] = []
+    index: dict[tuple[str, float | None, int | None], int] = {}
+    for entry in entries:
+        part = per_run[per_run["measure"] == entry.key]
+        sign = 1.0 if larger_is_sharper(entry.name) else -1.0
+        first = part.drop_duplicates("run_id")
+        index[(entry.key, None, None)] = len(vectors)
+        vectors.append((first["original"].to_numpy(dtype=float) * sign, first["gap"].to_numpy(dtype=float)))
+        for factor in max_factors:
+            for draw in range(draws):
+                sel = part[(part["max_factor"].astype(float) == factor) & (part["draw"].astype(int) == draw)]
+                index[(entry.key, factor, draw)] = len(vectors)
+                vectors.append((sel["transformed"].to_numpy(dtype=float) * sign,
+                                sel["gap"].to_numpy(dtype=float)))
+    results = _taus(vectors)
+    rows, draw_rows = [], []
+    for entry in entries:
+        part = per_run[per_run["measure"] == entry.key]
+        tau0, p0, n0 = results[index[(entry.key, None, None)]]
+        declared = declared_invariant(entry.name, family)
+        for factor in max_factors:
+            in_range = part[part["max_factor"].astype(float) == factor]
+            taus, ps, ns = [], [], []
+            for draw in range(draws):
+                tau, p, n = results[index[(entry.key, factor, draw)]]
+                taus.append(tau)
+                ps.append(p)
+                ns.append(n)
+                draw_rows.append({"measure": entry.key, "family": family, "max_factor": factor, "draw": draw,
+                                  "n": n, "tau_original": tau0, "tau_transformed": tau,
+                                  "delta": tau - tau0 if math.isfinite(tau) and math.isfinite(tau0)
+                                  else float("nan"), "p_transformed": p, "declared_invariant": declared})
+            deltas = np.array([t - tau0 for t in taus if math.isfinite(t)]) if math.isfinite(tau0) \
+                else np.array([])
+            ok_taus = [t for t in taus if math.isfinite(t)]
+            if not math.isfinite(tau0):
+                status = "no_original"
+            elif not ok_taus:
+                status = "no_transformed"
+            elif len(ok_taus) < draws:
+                status = "partial"
+            else:
+                status = "ok"
+            failed = in_range[in_range["status"] != "ok"]
+            note = ""
+            if len(failed):
+                counts = failed["status"].value_counts()
+                note = "; ".join(f"{k} on {v} of {len(in_range)} copies" for k, v in counts.items())
+            rel = in_range["rel_change"].to_numpy(dtype=float)
+            row: dict[str, Any] = {
+                "measure": entry.key, "family": family, "max_factor": factor, "n_draws": draws,
+                "n_draws_ok": len(ok_taus), "n": min([n0] + ns), "tau_original": tau0, "p_original": p0,
+                "tau_mean": float(np.mean(ok_taus)) if ok_taus else float("nan"),
+                "delta_mean": float(deltas.mean()) if deltas.size else float("nan"),
+                "delta_min": float(deltas.min()) if deltas.size else float("nan"),
+                "delta_max": float(deltas.max()) if deltas.size else float("nan"),
+                "delta_absmax": float(np.abs(deltas).max()) if deltas.size else float("nan"),
+                "p_transformed_max": float(np.nanmax(ps)) if any(math.isfinite(p) for p in ps)
+                else float("nan"),
+                **{f"tau_draw_{d}": taus[d] for d in range(draws)},
+                "median_rel_change": float(np.nanmedian(rel)) if np.isfinite(rel).any() else float("nan"),
+                "declared_invariant": declared, "status": status, "note": note}
+            rows.append(row)
+    columns = ["measure", "family", "max_factor", "n_draws", "n_draws_ok", "n", "tau_original", "p_original",
+               "tau_mean", "delta_mean", "delta_min", "delta_max", "delta_absmax", "p_transformed_max",
+               *[f"tau_draw_{d}" for d in range(draws)], "median_rel_change", "declared_invariant", "status",
+               "note"]
+    return pd.DataFrame(rows, columns=columns), pd.DataFrame(draw_rows, columns=[
+        "measure", "family", "max_factor", "draw", "n", "tau_original", "tau_transformed", "delta",
+        "p_transformed", "declared_invariant"])
+
+
+def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str] | None = None,
+                     device: torch.device | str = "cpu", max_factor: Any = None, draws: int = DEFAULT_DRAWS,
+                     gap: str | None = None, out_dir: Path | None = None, fresh: bool = False,
+                     echo: Echo = print, plugins: tuple[str, ...] = (), workers: int | None = None
+                     ) -> pd.DataFrame:
+    """Transform every run `draws` times for each factor range (`max_factor`: one F, several, or a comma
+    list; default 2 and 100), recompute the measures on every copy and compare their correlations with
+    the gap; returns the audit_correlations.csv rows. Finished runs are written after each run and reused
+    by a later call with the same settings (unless `fresh`). `workers`: runs audited at once, each in its
+    own process (default: the study's `measure.workers`); every row is the one a lone audit gives."""
+    exp_dir = Path(exp_dir)
+    fam, factors, draws = _checked_arguments(exp_dir, family, max_factor, draws)
+    gap = gap or report_gap(exp_dir)
+    gap_col = gap_column(gap)
+    runs = [p for p in study_run_dirs(exp_dir) if is_finished(p)]
+    if len(runs) < MIN_RUNS:
+        raise FlatbenchError(f"{exp_dir} has {len(runs)} finished run(s); the population audit needs at "
+                             f"least {MIN_RUNS}")
+    cfg = measure_config(exp_dir, plugins)
+    workers = int(workers if workers is not None else cfg.workers)
+    if workers < 1:
+        raise FlatbenchError(f"--workers must be at least 1, got {workers}")
+    entries = plan_entries(measures, cfg)
+    out = Path(out_dir) if out_dir else exp_dir
+    out.mkdir(parents=True, exist_ok=True)
+    ranges = ", ".join(f"[1/{f:g}, {f:g}]" for f in factors)
+    echo(f"population audit of {exp_dir.name}: {len(runs)} runs × {draws} {fam} transformation(s) for each "
+         f"factor range {ranges} (log-uniform), {len(entries)} measure entries"
+         + (f", {workers} worker processes" if workers > 1 else ""))
+    previous = None if fresh else _previous_rows(out / POPULATION_CSV)
+    done, todo = _split_reusable(runs, previous, cfg, entries, fam, factors, draws, gap_col, device,
+                                 lambda line: echo(line + f" from {out / POPULATION_CSV}"))
+    order = {p.name: i for i, p in enumerate(runs)}
+
+    def rows_so_far() -> pd.DataFrame:
+        rows = [r for name in sorted(done, key=order.__getitem__) for r in done[name]]
+        return pd.DataFrame(rows, columns=POPULATION_COLUMNS)
+
+    copy_seconds = 0.0
+
+    def finished(job: tuple, result: tuple[list[dict[str, Any]], float]) -> None:
+        nonlocal copy_seconds
+        rows, seconds = result
+        name = Path(job[0]).name
+        done[name] = rows
+        copy_seconds += seconds
+        echo(f"  [{order[name] + 1}/{len(runs)}] {name} ({seconds:.1f}s, {seconds / (len(factors) * draws):.2f}s "
+             "per copy)")
+        atomic_write_text(out / POPULATION_CSV, rows_so_far().to_csv(index=False))
+
+    try:
+        if workers > 1 and len(todo) > 1:
+            run_jobs(audit_run_copies, todo, workers, torch.device(device), finished)
+        else:
+            for job in todo:
+                finished(job, audit_run_copies(*job))
+    except KeyboardInterrupt:
+        if done:
+            atomic_write_text(out / POPULATION_CSV, rows_so_far().to_csv(index=False))
+            echo(f"interrupted: the {len(done)} finished run(s) are in {out / POPULATION_CSV}; run the same "
+                 "command again to go on")
+        raise
+    corr = _write_outputs(out, rows_so_far(), entries, fam, factors, draws, gap)
+    echo(format_correlations(corr, gap, fam))
+    computed, reused = len(todo), len(runs) - len(todo)
+    if computed:
+        echo(f"{computed} run(s) audited in {copy_seconds:.1f}s of worker time ({copy_seconds / computed:.1f}s per "
+             f"run, {copy_seconds / (computed * len(factors) * draws):.2f}s per transformed copy)"
+             + (f"; {reused} reused" if reused else ""))
+    echo(f"wrote {out / CORRELATIONS_CSV}, {out / CORRELATIONS_PNG}, {out / DRAWS_CSV} and "
+         f"{out / POPULATION_CSV}")
+    return corr
+
+
+def _split_reusable(runs: list[Path], previous: pd.DataFrame | None, cfg: Any, entries: list[Entry], fam: str,
+                    factors: tuple[float, ...], draws: int, gap_col: str, device: torch.device | str,
+                    echo: Echo) -> tuple[dict[str, list[dict[str, Any]]], list[tuple]]:
+    """The runs an earlier audit with the same settings finished (their rows, by run) and the jobs of the
+    others (the arguments of `audit_run_copies`)."""
+    plan = {(e.key, f, d) for e in entries for f in factors for d in range(draws)}
+    done: dict[str, list[dict[str, Any]]] = {}
+    todo: list[tuple] = []
+    for i, run_path in enumerate(runs, 1):
+        info = read_json(run_path / RUN_JSON)
+        signature = _signature(cfg, fam, info.get("model_sha256"))
+        again = _reusable(previous, run_path.name, signature, plan)
+        if again is not None:
+            done[run_path.name] = again
+            echo(f"  [{i}/{len(runs)}] {run_path.name}: reused")
+        else:
+            todo.append((str(run_path), info, cfg, entries, fam, factors, draws, gap_col, signature, str(device)))
+    return done, todo
+
+
+def audit_run_copies(run_dir: str, info: dict[str, Any], cfg: Any, entries: list[Entry], fam: str,
+                     factors: tuple[float, ...], draws: int, gap_col: str, signature: str, device: str
+                     ) -> tuple[list[dict[str, Any]], float]:
+    """One run's population-audit rows and the seconds they took; a module-level function, so that a worker
+    process can run it (it loads the study's measure plugins first: a worker starts without them)."""
+    t0 = time.perf_counter()
+    load_plugins(cfg.plugins)
+    rows = _audit_one_run(Path(run_dir), info, cfg, entries, fam, factors, draws, gap_col, signature, device,
+                          build_context, applicable_families)
+    return rows, time.perf_counter() - t0
+
+
+def _checked_arguments(exp_dir: Path, family: str, max_factor: Any, draws: int
+                       ) -> tuple[str, tuple[float, ...], int]:
+    """(the one family, the factor ranges, the draws) of a population audit, or one error line."""
+    if not (exp_dir / "runs").is_dir():
+        raise FlatbenchError(f"{exp_dir} is not a flatbench experiment folder (no runs/ inside)")
+    fams = parse_families(family)
+    if len(fams) != 1:
+        raise FlatbenchError(f"--family takes one family for the population audit, got {family!r}")
+    factors = parse_max_factors(max_factor)
+    if not int(draws) >= 1:
+        raise FlatbenchError(f"--draws must be at least 1, got {draws}")
+    return fams[0], factors, int(draws)
+
+
+def _write_outputs(out: Path, per_run: pd.DataFrame, entries: list[Entry], fam: str, factors: tuple[float, ...],
+                   draws: int, gap: str) -> pd.DataFrame:
+    """Write audit_population.csv, audit_correlations.csv/.png and audit_draws.csv; returns the
+    correlations."""
+    atomic_write_text(out / POPULATION_CSV, per_run.to_csv(index=False))
+    corr, per_draw = population_correlations(per_run, entries, fam, factors, draws,
+                                             lambda name: get_measure(name).larger_is_sharper)
+    atomic_write_text(out / CORRELATIONS_CSV, corr.to_csv(index=False))
+    atomic_write_text(out / DRAWS_CSV, per_draw.to_csv(index=False))
+    atomic_write_bytes(out / CORRELATIONS_PNG, audit_correlations_figure(corr, gap, fam))
+    return corr
+
+
+def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list[Entry], fam: str,
+                   factors: tuple[float, ...], draws: int, gap_col: str, signature: str,
+                   device: torch.device | str, build_context: Callable[..., Any],
+                   applicable_families: Callable[..., Any]) -> list[dict[str, Any]]:
+    """Every (range, draw) copy of one run, in one pass: the context (model, data, measurement set) is
+    built once, the untransformed values are read (or computed) once, and each copy is a transformed deep
+    copy of the model in a context of its own (an empty cache: nothing computed on another copy is
+    reused, so every value is the one the copy gets when measured alone)."""
+    stored = read_json(run_path / MEASURES_JSON) if (run_path / MEASURES_JSON).is_file() else {}
+    ctx = build_context(run_path, cfg, torch.device(device))
+    verdict = applicable_families(ctx.model)[fam]
+    if verdict is not True:
+        raise FlatbenchError(f"{run_path.name}: the {fam} family does not apply ({verdict}); "
+                             "choose another --family")
+    gap_value = float(info.get(gap_col, float("nan")))
+    originals: dict[str, tuple[dict[str, Any], str]] = {}
+    for entry in entries:
+        original = stored.get(entry.key)
+        if isinstance(original, dict) and original.get("status") == "ok" \
+                and entry.key in original.get("values", {}):
+            originals[entry.key] = (original, "measures.json")
+        else:
+            originals[entry.key] = (measure_entry(ctx, entry), "computed")
+    rows = []
+    for factor in factors:
+        for draw in range(draws):
+            sub, change = transform_checked(ctx, fam, population_generator(ctx.run_id, fam, factor, draw),
+                                            factor, f"{run_path.name} (F = {factor:g}, draw {draw})")
+            for entry in entries:
+                original, source = originals[entry.key]
+                v0 = headline(original, entry.key)
+                if original.get("status") != "ok":
+                    record = {"status": "no_original", "reason": f"untransformed: {original.get('status')} "
+                              f"({_note(original)})", "seconds": 0.0}
+                else:
+                    record = measure_entry(sub, entry)
+                v1 = headline(record, entry.key)
+                rows.append({"run_id": run_path.name, "measure": entry.key, "family": fam,
+                             "max_factor": factor, "draw": draw, "original": v0, "transformed": v1,
+                             "rel_change": rel_change(v1, v0),
+                             "gap": gap_value, "status": record["status"], "note": _note(record),
+                             "original_source": source, "function_change": change,
+                             "seconds": record.get("seconds", 0.0), "signature": signature})
+            del sub
+    return rows

@@ -1,0 +1,163 @@
+"""Training one run: seeded, resumable, with atomic per-epoch checkpoints.
+
+Determinism: the initial weights, every epoch's batch order, augmentation and dropout come from seeds
+derived from the config fields that shape them (`flatbench.seeding`), never from the run id. A run
+resumed from its epoch-k checkpoint therefore replays epochs k+1... exactly as an uninterrupted run does,
+and ends with bit-identical weights on the CPU.
+
+Speed (`train.precision`, `train.compile`, `train.channels_last`): the data sit on the device and batches
+are index slices, loss and accuracy accumulate on the device, so an epoch has no host synchronization
+until its end. Groups of small runs train at once in `flatbench.training.vectorized`.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from flatbench.config import RunConfig
+from flatbench.data import load_dataset
+from flatbench.seeding import augment_generator, batch_generator, dropout_seed
+from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOTS_DIR, RunLock, atomic_torch_save,
+                             atomic_write_json, file_sha256, read_json)
+from flatbench.training.batches import augment_batch, epoch_batches
+from flatbench.training.endpoint import (EpochStats, check_finite_loss, epoch_record, evaluate, progress_fields,
+                                         reached_endpoint, target_met)
+from flatbench.training.run_folder import (check_run_dir, list_snapshots, model_blob, restore_run, save_snapshots,
+                                           start_info, write_checkpoint)
+from flatbench.training.setup import (autocast, channels_last_data, steps_per_batch, training_forward,
+                                      uses_channels_last)
+from flatbench.training.signals import Preempted, StopFlag
+
+
+def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, ds: Any, cfg: RunConfig, run_id: str,
+                epoch: int, stop: StopFlag, forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                sched: Any = None) -> EpochStats:
+    """One pass over the training set; loss/accuracy accumulate on the device (no per-step sync).
+
+    `forward` (default: the model) is what computes the logits, e.g. from `training_forward`. `sched` is
+    stepped after every minibatch when the schedule is per step (`steps_per_batch`); an epoch schedule is
+    the caller's to step.
+    """
+    per_step = sched if sched is not None and steps_per_batch(cfg) else None
+    forward = forward if forward is not None else model
+    channels_last = uses_channels_last(model, cfg, ds.x_train.device)
+
+    device = ds.x_train.device
+    gen = batch_generator(cfg, epoch, device=device)
+    aug_gen = augment_generator(cfg, epoch, device=device)
+    torch.manual_seed(dropout_seed(cfg, epoch))
+    augment = ds.augment_params()
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    for idx in epoch_batches(ds.n_train, cfg.train.batch_size, gen):
+        stop.check()
+        x = ds.x_train[idx]
+        if cfg.data.augment:
+            x = augment_batch(x, aug_gen, **augment)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = ds.y_train[idx]
+        with autocast(cfg, device):
+            logits = forward(x)
+            loss = F.cross_entropy(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if per_step is not None:
+            per_step.step()
+        loss_sum += loss.detach().double() * idx.numel()
+        correct += (logits.detach().argmax(dim=1) == y).sum()
+    return EpochStats(float(loss_sum) / ds.n_train, int(correct) / ds.n_train)
+
+
+def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device, *, sweep_axes: tuple = (),
+              progress: bool = True, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train one run to its endpoint (or resume it); returns its run.json content.
+
+    The endpoint: `train.epochs`, or earlier `train.target_train_acc` / `train.target_train_loss`
+    (`reached_endpoint`). Every `train.eval_every` epochs the whole training set (eval mode) and the test
+    set are evaluated (`epoch_record`); models are kept at `train.snapshot_losses` (`save_snapshots`).
+    """
+    run_path = Path(run_path)
+    state = check_run_dir(run_path, run_id, cfg)
+    if state == "finished":
+        return read_json(run_path / RUN_JSON)
+    with RunLock(run_path), StopFlag() as stop:
+        stop.check()  # a stop signal before this run started: it does not start
+        if check_run_dir(run_path, run_id, cfg) == "finished":  # finished by another job while we waited
+            return read_json(run_path / RUN_JSON)
+        ds = load_dataset(cfg.data, cfg.seed, device=device)
+        model, opt, sched, start_epoch, history = restore_run(run_id, cfg, run_path, ds, device)
+        if start_epoch == 0:  # trained from the start: snapshots on disk belong to an earlier training
+            shutil.rmtree(run_path / SNAPSHOTS_DIR, ignore_errors=True)
+        forward = training_forward(model, cfg, device)
+        if uses_channels_last(model, cfg, device):
+            ds = channels_last_data(ds)
+        ckpt_path = run_path / CHECKPOINT_FILE
+        info = start_info(run_id, cfg, ds, device, sweep_axes, history)
+        atomic_write_json(run_path / RUN_JSON, info)
+        bar = None
+        if progress:
+            bar = tqdm(total=cfg.train.epochs, initial=start_epoch, desc=run_id, unit="ep", leave=False,
+                       dynamic_ncols=True)
+        t0 = time.perf_counter()
+        prior_seconds = sum(h.get("seconds", 0.0) for h in history)
+        epoch = start_epoch
+        try:
+            while epoch < cfg.train.epochs and not reached_endpoint(cfg, history):
+                e0 = time.perf_counter()
+                stats = train_epoch(model, opt, ds, cfg, run_id, epoch, stop, forward, sched)
+                check_finite_loss(stats.loss, epoch + 1)
+                if sched is not None and not steps_per_batch(cfg):
+                    sched.step()
+                epoch += 1
+                history.append(epoch_record(model, ds, cfg, epoch, stats, opt.param_groups[0]["lr"],
+                                            time.perf_counter() - e0, history))
+                save_snapshots(model, cfg, run_path, history, ds)
+                write_checkpoint(ckpt_path, model, opt, sched, epoch, history, cfg.config_hash())
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(progress_fields(history[-1]))
+        except (Preempted, KeyboardInterrupt) as exc:
+            status = "preempted" if isinstance(exc, Preempted) else "interrupted"
+            info.update(status=status, history=history, epochs=epoch)
+            atomic_write_json(run_path / RUN_JSON, info)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return finish_run(run_id, cfg, run_path, model, ds, info, history, epoch,
+                          prior_seconds + time.perf_counter() - t0, progress=progress, echo=echo)
+
+
+def finish_run(run_id: str, cfg: RunConfig, run_path: Path, model: nn.Module, ds: Any, info: dict[str, Any],
+               history: list[dict], epoch: int, seconds: float, *, progress: bool = True,
+               echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Evaluate the trained model, write model.pt (and its hash) and the final run.json, drop the
+    checkpoint, and say how the run ended (one line, also without progress bars)."""
+    run_path = Path(run_path)
+    train_loss, train_acc = evaluate(model, ds.x_train, ds.y_train, cfg.train.eval_batch_size)
+    test_loss, test_acc = evaluate(model, ds.x_test, ds.y_test, cfg.train.eval_batch_size)
+    atomic_torch_save(run_path / MODEL_FILE, model_blob(model, cfg, run_id, ds))
+    reached = target_met(cfg, running_acc=history[-1]["train_acc"] if history else None, eval_loss=train_loss)
+    info.update(status="finished", history=history, epochs=epoch, train_acc=train_acc, train_loss=train_loss,
+                test_acc=test_acc, test_loss=test_loss, gap_acc=train_acc - test_acc,
+                gap_loss=test_loss - train_loss if math.isfinite(test_loss) else float("nan"),
+                reached_target=reached, snapshots=list_snapshots(run_path),
+                model_sha256=file_sha256(run_path / MODEL_FILE), seconds=round(seconds, 3))
+    atomic_write_json(run_path / RUN_JSON, info)
+    (run_path / CHECKPOINT_FILE).unlink(missing_ok=True)
+    ended = "" if reached is None else (", target reached" if reached else ", target NOT reached")
+    echo(f"{run_id}: train acc {train_acc:.4g}, test acc {test_acc:.4g}, gap {train_acc - test_acc:.4g}, "
+         f"train loss {train_loss:.4g} ({epoch} epochs{ended}, {info['seconds']:.1f}s)")
+    return info

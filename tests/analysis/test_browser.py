@@ -1,0 +1,244 @@
+"""The HTML pages in a real browser: Debian's Chromium, driven by Selenium through chromedriver.
+
+A report over two pooled experiment folders and a comparison page are opened from file:// and checked as
+a reader's browser shows them: every image loads, the console logs no error, no request leaves the page
+(every request the browser makes is file: or data:), clicking a column header reorders the verdict table,
+the filters hide rows, the pointer over a scatter point shows that point's run id, and with scripts off
+the tables and images are still there.
+
+Chromium and chromedriver come from Debian's `chromium` and `chromium-driver` packages (`.ci/run` installs
+them). Without them the tests are skipped locally and fail in CI (where `CI` is set), so that CI never
+passes without having opened the pages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from test_report import write_experiment
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1280,1000")
+
+
+def _missing() -> str:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).exists():
+            return f"{path} is missing (apt-get install chromium chromium-driver)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def browser_factory():
+    """Start headless Chromium sessions (fresh profile each); skip locally, fail in CI, when absent."""
+    why = _missing()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"the browser tests must run in CI: {why}")
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    drivers, profiles = [], []
+
+    def start(scripts: bool = True):
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        profiles.append(tempfile.mkdtemp(prefix="fb-chromium-"))
+        for flag in (*FLAGS, f"--user-data-dir={profiles[-1]}"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+        if not scripts:
+            options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
+        drivers.append(webdriver.Chrome(service=Service(CHROMEDRIVER), options=options))
+        return drivers[-1]
+
+    yield start
+    for driver in drivers:
+        driver.quit()
+    for profile in profiles:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """A report over two pooled folders (16 runs: intervals, comparisons, τ per model) and a comparison page."""
+    from flatbench.analysis.compare import write_comparison
+    from flatbench.analysis.report import write_report
+
+    root = tmp_path_factory.mktemp("pages")
+    a = write_experiment(root, "mlps", seed=1)
+    b = write_experiment(root, "lenets", model="lenet", seed=2)
+    for exp in (a, b):
+        write_report([exp], exp, n_boot=100, echo=lambda _: None)
+    pooled = root / "pooled"
+    summary = write_report([a, b], pooled, n_boot=100, echo=lambda _: None)
+    write_comparison([a, b], root / "comparison")
+    return {"report": pooled / "report.html", "comparison": root / "comparison" / "comparison.html",
+            "runs": sorted(summary.table["run_id"])}
+
+
+def _open(driver, page: Path) -> None:
+    driver.get(page.resolve().as_uri())
+    driver.execute_script("return document.readyState")
+
+
+def _check_loads_offline(driver, page: Path) -> None:
+    """Every image decoded, no console error, every request file: or data:."""
+    driver.get("about:blank")
+    driver.get_log("performance")  # drop the browser's own start-up requests (its new-tab page)
+    driver.get_log("browser")
+    _open(driver, page)
+    images = driver.execute_script(
+        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt]);")
+    assert images and all(done and width > 0 for done, width, _ in images), images
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert not errors, errors
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    resources = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")
+    assert urls, "the performance log recorded no request at all (not even the page)"
+    assert all(u.startswith(("file:", "data:")) for u in urls + resources), [u[:80] for u in urls + resources]
+
+
+def _column(driver, table_id: str, col: int) -> list[str]:
+    return driver.execute_script(
+        f"return Array.from(document.querySelectorAll('#{table_id} tbody tr'))"
+        f".filter(r => !r.hidden).map(r => r.cells[{col}].textContent.trim());")
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.split()[0].replace("−", "-").lstrip("<"))
+    except (ValueError, IndexError):
+        return math.nan
+
+
+def test_report_in_a_browser(browser_factory, pages):
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    _check_loads_offline(driver, pages["report"])
+    headers = driver.find_elements(By.CSS_SELECTOR, "#verdict thead th")
+    names = [h.text for h in headers]
+    tau_col, measure_col = names.index("Kendall τ [95% CI]"), names.index("measure")
+    before = _column(driver, "verdict", measure_col)
+    headers[measure_col].click()
+    after = _column(driver, "verdict", measure_col)
+    assert after != before and after == sorted(after)
+    headers[tau_col].click()  # numbers: largest first
+    taus = [_number(t) for t in _column(driver, "verdict", tau_col)]
+    assert taus == sorted(taus, reverse=True) and _column(driver, "verdict", measure_col) != after
+    select = driver.find_element(By.CSS_SELECTOR, ".filters select[name=invariance]")
+    options = [o.get_attribute("value") for o in select.find_elements(By.TAG_NAME, "option")]
+    assert "" in options and len(options) > 1
+    total = len(_column(driver, "verdict", 0))
+    select.find_elements(By.TAG_NAME, "option")[1].click()
+    assert 0 < len(_column(driver, "verdict", 0)) < total or len(options) == 2
+
+
+def _isolated_point(points: list[list[float]]) -> list[float]:
+    """A point whose nearest neighbour is more than 12 px away (so the hover can only mean it)."""
+    for p in points:
+        if all((p[0] - q[0]) ** 2 + (p[1] - q[1]) ** 2 > 144 for q in points if q is not p):
+            return p
+    raise AssertionError("no isolated point to hover")
+
+
+def test_hover_shows_the_run(browser_factory, pages):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    _open(driver, pages["report"])
+    figure = driver.find_element(By.CSS_SELECTOR, "figure.hover")
+    spec = json.loads(driver.find_element(By.ID, figure.get_attribute("id") + "-points").get_attribute("textContent"))
+    runs = json.loads(driver.find_element(By.ID, "fb-data").get_attribute("textContent"))["runs"]
+    image = figure.find_element(By.TAG_NAME, "img")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", image)
+    x, y, run, _, _ = _isolated_point(spec["points"])
+    width, natural = image.size["width"], driver.execute_script("return arguments[0].naturalWidth;", image)
+    scale = width / natural
+    ActionChains(driver).move_to_element_with_offset(image, x * scale - width / 2,
+                                                     y * scale - image.size["height"] / 2).perform()
+    tip = driver.find_element(By.ID, "fb-tip")
+    assert tip.is_displayed()
+    assert tip.get_attribute("data-run") == runs[run]["id"] and runs[run]["id"] in tip.text
+    assert runs[run]["id"] in pages["runs"] and "data.random_label_ratio" in tip.text
+
+
+def test_report_without_scripts_keeps_tables_and_images(browser_factory, pages):
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory(scripts=False)
+    _open(driver, pages["report"])
+    assert not driver.find_elements(By.CSS_SELECTOR, ".filters")  # the script did not run
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#verdict tbody tr")) > 3
+    assert driver.execute_script("return Array.from(document.images).every(i => i.complete && i.naturalWidth > 0);")
+
+
+def test_comparison_in_a_browser(browser_factory, pages):
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    _check_loads_offline(driver, pages["comparison"])
+    headers = driver.find_elements(By.CSS_SELECTOR, "#comparison thead th")
+    before = _column(driver, "comparison", 0)
+    headers[0].click()
+    names = _column(driver, "comparison", 0)
+    assert names != before and names == sorted(names)
+    headers[2].click()
+    values = [_number(t) for t in _column(driver, "comparison", 2)]
+    finite = [v for v in values if not math.isnan(v)]
+    assert finite == sorted(finite, reverse=True) and _column(driver, "comparison", 0) != names
+
+
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "cpu"
+STUDIES = ("hyperparameters", "tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist")
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_a_committed_report_in_a_browser(browser_factory, study):
+    """The committed reports as a reader opens them: every image loads, nothing is fetched, no console error,
+    and each of the verdict table's filters (family, cost, invariance) keeps some rows and hides others."""
+    from selenium.webdriver.common.by import By
+
+    page = COMMITTED / study / "report.html"
+    assert page.is_file(), f"{page} is committed with the study"
+    driver = browser_factory()
+    _check_loads_offline(driver, page)
+    total = len(_column(driver, "verdict", 0))
+    assert total >= 10
+    for name in ("family", "cost", "invariance"):
+        select = driver.find_element(By.CSS_SELECTOR, f".filters select[name={name}]")
+        options = select.find_elements(By.TAG_NAME, "option")
+        assert options[0].get_attribute("value") == "" and len(options) > 2, name
+        options[1].click()
+        shown = len(_column(driver, "verdict", 0))
+        assert 0 < shown < total, (name, options[1].get_attribute("value"), shown, total)
+        options[0].click()
+        assert len(_column(driver, "verdict", 0)) == total
+
+
+def test_the_committed_comparison_in_a_browser(browser_factory):
+    page = COMMITTED / "comparison" / "comparison.html"
+    assert page.is_file(), f"{page} is committed with the studies"
+    driver = browser_factory()
+    _check_loads_offline(driver, page)
+    assert len(_column(driver, "comparison", 0)) >= 10
