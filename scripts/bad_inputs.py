@@ -5,7 +5,8 @@
 It trains one tiny study (mnist_mini, 3 runs, a few seconds) in a temporary folder, then runs each case on
 a fresh copy of it, and checks that nothing finished was lost (the run folders' models and the report are
 byte-for-byte the same afterwards, except where the case is a repair). tests/test_cli_errors.py asserts
-the same cases one by one.
+the same cases one by one. The last rows are processes: two `measure` processes at once, kill -9 of
+`train --workers 2` (are its workers gone?), SIGTERM as the first of two runs is saved.
 """
 
 from __future__ import annotations
@@ -74,8 +75,49 @@ def main() -> None:
     def swap_model(exp: Path) -> None:
         shutil.copyfile(exp / "runs" / runs[1] / "model.pt", exp / "runs" / runs[0] / "model.pt")
 
+    def binary_run_json(exp: Path) -> None:
+        (exp / "runs" / runs[0] / "run.json").write_bytes(b"\x89PNG\xff\x00")
+
+    def list_run_json(exp: Path) -> None:
+        (exp / "runs" / runs[0] / "run.json").write_text("[1, 2, 3]")
+
+    def run_json_without_config(exp: Path) -> None:
+        path = exp / "runs" / runs[0] / "run.json"
+        info = json.loads(path.read_text())
+        del info["config"]
+        path.write_text(json.dumps(info))
+
+    def binary_study(exp: Path) -> None:
+        (exp / "study.yaml").write_bytes(b"\xff\xfe\x00")
+
+    def empty_study(exp: Path) -> None:
+        (exp / "study.yaml").write_text("")
+
+    def list_study(exp: Path) -> None:
+        (exp / "study.yaml").write_text("- data\n- model\n")
+
+    def binary_measures(exp: Path) -> None:
+        (exp / "runs" / runs[0] / "measures.json").write_bytes(b"\xff\xfe{\x00")
+
+    def wrong_shaped_entries(exp: Path) -> None:
+        path = exp / "runs" / runs[1] / "measures.json"
+        entries = json.loads(path.read_text())
+        entries["spectral_norm"] = {"status": "ok", "values": "12.5"}
+        entries["path_norm"] = ["not", "an", "entry"]
+        path.write_text(json.dumps(entries))
+
+    def other_n_examples_on_one_shard(exp: Path) -> None:
+        done = cli("measure", str(exp), "--shard", "0/3", "measure.n_examples=150", "--force", "--device", "cpu",
+                   "--measures", "fisher_rao_norm,frobenius_norm")
+        assert done.returncode == 0, done.stderr
+
     empty = write("empty.yaml", "")
     bad_yaml = write("bad.yaml", "data: {dataset: mnist_mini\n")
+    binary = root / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe")
+    nul_name = write("nul.yaml", yaml.safe_dump({**TINY, "name": "ti\x00ny"}))
+    diverging = write("diverging.yaml", yaml.safe_dump({**TINY, "data": {**TINY["data"], "random_label_ratio": [0.0, 0.5]},
+                                                        "train": {**TINY["train"], "optimizer": "sgd", "lr": 1e30}}))
     nodata = root / "nodata"
     nodata.mkdir()
     E = "EXP"  # replaced by the copy's experiment folder
@@ -121,6 +163,36 @@ def main() -> None:
         ("`report` of a folder that is not an experiment", ["report", str(root)], None),
         ("`audit` of a file", ["audit", str(root / "afile")], None),
         ("bare `flatbench`", [], None),
+        # issue 21: every reader, every value, every name
+        ("binary config file", ["train", str(binary)], None),
+        ("NUL byte in the name", ["train", str(nul_name)], None),
+        ("binary study.yaml (status)", ["status", E], binary_study),
+        ("empty study.yaml (report: damage, never a default study)", ["report", E], empty_study),
+        ("study.yaml holds a list (measure)", ["measure", E, "--device", "cpu"], list_study),
+        ("binary run.json (status: that run damaged, the others finished)", ["status", E], binary_run_json),
+        ("binary run.json (measure goes on with the others, exits non-zero)",
+         ["measure", E, "--force", "--measures", "frobenius_norm", "--device", "cpu"], binary_run_json),
+        ("run.json holds a list (train)", ["train", C, "--out", "ROOT"], list_run_json),
+        ("finished run.json without its config (status: damaged, not finished)", ["status", E],
+         run_json_without_config),
+        ("binary measures.json (report)", ["report", E], binary_measures),
+        ("measures.json entries of the wrong shape (report keeps the good report)", ["report", E],
+         wrong_shaped_entries),
+        ("measures.json entries of the wrong shape (measure repairs them)", ["measure", E, "--device", "cpu"],
+         wrong_shaped_entries),
+        ("`train.lr=.nan` on a finished study", ["train", C, "--out", "ROOT", "train.lr=.nan"], None),
+        ("`train.lr=.inf` on a finished study", ["train", C, "--out", "ROOT", "train.lr=.inf"], None),
+        ("non-finite measure setting", ["train", C, "--out", "ROOT", "measure.settings={eps_sharpness: {eps: .inf}}"],
+         None),
+        ("`name=..` (outside --out)", ["train", C, "--out", "ROOT", "name=.."], None),
+        ("empty list for a swept field", ["train", C, "--out", "ROOT", "data.random_label_ratio=[]"], None),
+        ("`n_train` above the dataset's size", ["train", C, "--out", "ROOT", "data.n_train=100000"], None),
+        ("two snapshot levels, one folder name", ["train", C, "--out", "ROOT",
+                                                  "train.snapshot_losses=[0.001, 0.0010000001]"], None),
+        ("training loss becomes NaN (lr 1e30)", ["train", str(diverging), "--out", str(root / "div"), "--quiet"], None),
+        ("`report EXP EXP` (each run counted once)", ["report", E, E], None),
+        ("values measured with another n_examples on one shard (report)", ["report", E],
+         other_n_examples_on_one_shard),
     ]
     print("| bad input | command | exit | stderr lines | what it says |")
     print("| --- | --- | ---: | ---: | --- |")
@@ -136,8 +208,12 @@ def main() -> None:
         result = cli(*args, env=env)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         changed = sorted(k for k in before if files(exp).get(k) != before[k]
-                         and not (args and args[0] == "measure" and "measures.json" in k))
-        message = (lines[0] if lines else (result.stdout.splitlines() or [""])[0])
+                         and not (args and args[0] == "measure" and "measures.json" in k)
+                         and not (args and args[0] == "report" and not result.returncode))
+        out = result.stdout.splitlines() or [""]
+        shown_line = next((line for line in out if "is damaged" in line or "building" in line),
+                          next((line for line in out if "damaged" in line), out[0]))
+        message = (lines[0] if lines else shown_line).strip()
         message = message.replace(str(root), "…")[:160].replace("|", "\\|")
         if changed and result.returncode:
             message += f" (CHANGED: {', '.join(changed)})"
@@ -161,7 +237,79 @@ def main() -> None:
     status = json.loads(next((root / "slow").rglob("run.json")).read_text())["status"]
     print(f"| Ctrl-C while training | `flatbench train slow.yaml` | {proc.returncode} | {len(lines)} | "
           f"{lines[0] if lines else ''} (run.json status: {status}) |")
+    for what, line in process_cases(root, cfg, base, runs):
+        print(line)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def process_cases(root: Path, cfg: Path, base: Path, runs: list[str]) -> list[tuple[str, str]]:
+    """Concurrent writers and killed processes (issue 21): two `measure` processes at once, kill -9 of
+    `train --workers 2`, SIGTERM as a run of a sequential `train` ends."""
+    rows = []
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    exp = root / "concurrent" / "tiny"
+    shutil.copytree(base, exp)
+    sets = (["hessian_max_eig", "frobenius_norm"], ["eps_sharpness", "spectral_norm"])
+    procs = [subprocess.Popen([sys.executable, "-m", "flatbench", "measure", str(exp), "--force", "--device", "cpu",
+                               "--quiet", "--measures", ",".join(names)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for names in sets]
+    codes = [p.wait() for p in procs]
+    kept = all(all(n in json.loads((exp / "runs" / rid / "measures.json").read_text())
+                   for n in (*sets[0], *sets[1])) for rid in runs)
+    rows.append(("two measures", f"| two `measure` processes at once, other `--measures` | `flatbench measure EXP "
+                 f"--measures {','.join(sets[0])}` ‖ `… {','.join(sets[1])}` | {codes[0]}, {codes[1]} | 0 | "
+                 f"{'every run keeps the entries of both' if kept else 'ENTRIES LOST'} |"))
+    slow = {**TINY, "data": {**TINY["data"], "n_train": 3000, "random_label_ratio": [0.0, 1.0]},
+            "model": {"name": "mlp", "widths": [256, 256]}, "train": {"epochs": 2000, "batch_size": 32}}
+    slow_cfg = root / "workers.yaml"
+    slow_cfg.write_text(yaml.safe_dump(slow))
+    proc = subprocess.Popen([sys.executable, "-m", "flatbench", "train", str(slow_cfg), "--out", str(root / "w"),
+                             "--workers", "2", "--device", "cpu", "--quiet"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    deadline = time.time() + 120
+    while time.time() < deadline and len(pids) < 2:
+        pids = [int(p.read_text().split()[1]) for p in (root / "w").rglob(".lock")]
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    rows.append(("kill -9 workers", f"| kill -9 of `train --workers 2` | `flatbench train workers.yaml --workers 2` "
+                 f"| -9 | 0 | {len(pids)} workers; {'all ended with their parent' if not left else f'{len(left)} ORPHANED'} |"))
+    two = {**TINY, "data": {**TINY["data"], "random_label_ratio": 0.5}, "train": {**TINY["train"], "epochs": [2, 2000]}}
+    two_cfg = root / "two.yaml"
+    two_cfg.write_text(yaml.safe_dump(two))
+    proc = subprocess.Popen([sys.executable, "-m", "flatbench", "train", str(two_cfg), "--out", str(root / "t"),
+                             "--device", "cpu", "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((root / "t").rglob("model.pt")):
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _out, err = proc.communicate()
+    states = sorted(json.loads(p.read_text())["status"] for p in (root / "t").rglob("run.json"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    rows.append(("sigterm", f"| SIGTERM as the first of two runs is saved | `flatbench train two.yaml` | "
+                 f"{proc.returncode} | {len(lines)} | {(lines[0] if lines else '')[:100]} (run.json: "
+                 f"{', '.join(states)}) |"))
+    return rows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 if __name__ == "__main__":

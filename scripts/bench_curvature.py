@@ -59,7 +59,7 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbench.config import DataConfig, ModelConfig  # noqa: E402
-from flatbench.curvature import hessian_diagonal, hutchinson_trace, hvp, lanczos  # noqa: E402
+from flatbench.curvature import HessianOperator, hessian_diagonal, hvp  # noqa: E402
 from flatbench.losses import LogitLoss, get_loss  # noqa: E402
 
 MODELS = {"mlp": ModelConfig(name="mlp", widths=(512, 512)), "lenet": ModelConfig(name="lenet"),
@@ -385,8 +385,8 @@ def bench_hutchinson(setup: Setup) -> list[Row]:
     rows = []
     for probes in (10, 100):
         gen = torch.Generator().manual_seed(1)
-        seconds, out = timed(lambda: hutchinson_trace(setup.model, setup.x, setup.y, setup.loss,
-                                                      probes=probes, generator=gen, chunk_size=a.chunk_size), 1)
+        hessian = HessianOperator(setup.model, setup.x, setup.y, setup.loss, chunk_size=a.chunk_size)
+        seconds, out = timed(lambda: hessian.trace(probes=probes, generator=gen), 1)
         rows.append(row(setup, f"Hutchinson trace, {probes} probes", seconds,
                         f"rel error {abs(out['mean'] - exact) / abs(exact):.2%} "
                         f"(stderr {out['stderr'] / abs(exact):.2%})"))
@@ -397,9 +397,9 @@ def bench_hutchinson(setup: Setup) -> list[Row]:
 def bench_lanczos(setup: Setup) -> list[Row]:
     a = setup.args
     gen = torch.Generator().manual_seed(2)
-    seconds, out = timed(lambda: lanczos(setup.model, setup.x, setup.y, setup.loss, k=1,
-                                         iters=a.lanczos_iters, tol=a.lanczos_tol, generator=gen,
-                                         chunk_size=a.chunk_size), 1)
+    hessian = HessianOperator(setup.model, setup.x, setup.y, setup.loss, chunk_size=a.chunk_size)
+    seconds, out = timed(lambda: hessian.top_eigenvalues(k=1, iters=a.lanczos_iters, tol=a.lanczos_tol,
+                                                         generator=gen), 1)
     return [row(setup, f"Lanczos λ_max (tol {a.lanczos_tol:g})", seconds,
                 f"λ_max={out['eigenvalues'][0]:.6g}, {out['iterations']} iterations, "
                 f"residual {out['residuals'][0]:.1e}")]
@@ -425,14 +425,14 @@ def bench_memory(setup: Setup) -> list[Row]:
 
 
 # ---------------------------------------------------------------- solvers of the three papers' measures
-# (flatbench.measures.normalized / minimum_sharpness): the cost on top of the exact diagonal they reuse.
+# (flatbench.measures.builtin.normalized / minimum_sharpness): the cost on top of the exact diagonal they reuse.
 
 
 @bench("paper_solvers", models=("mlp", "lenet"))
 def bench_paper_solvers(setup: Setup) -> list[Row]:
     from flatbench.measures.layers import weight_layers
-    from flatbench.measures.minimum_sharpness import solve_minimum_sharpness
-    from flatbench.measures.normalized import reduce_layer, solve_normalized_sharpness
+    from flatbench.measures.builtin.minimum_sharpness import solve_minimum_sharpness
+    from flatbench.measures.builtin.normalized import reduce_layer, solve_normalized_sharpness
 
     a = setup.args
     diag = setup.cache.get("diagonal")

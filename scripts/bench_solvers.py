@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the te
 
 from cases import solver_problem  # noqa: E402
 
-from flatbench.measures.normalized import solve_normalized_sharpness  # noqa: E402
+from flatbench.measures.builtin.normalized import solve_normalized_sharpness  # noqa: E402
 
 SHAPES = [(120, 400), (84, 120), (16, 6), (10, 84)]
 

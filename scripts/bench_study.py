@@ -36,7 +36,7 @@ from flatbench.study.measure import measure_study  # noqa: E402
 from flatbench.study.report import report_study  # noqa: E402
 from flatbench.study.spec import check_data, check_study  # noqa: E402
 from flatbench.study.train import train_study  # noqa: E402
-from flatbench.train import resolve_device  # noqa: E402
+from flatbench.training import resolve_device  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

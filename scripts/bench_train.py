@@ -3,16 +3,17 @@
 
     python scripts/bench_train.py                       # CPU, and CUDA when available
     python scripts/bench_train.py --steps 20 --models mlp,lenet --devices cpu
+    python scripts/bench_train.py --models mlp --mlp-widths 64,64 --devices cpu   # the hyperparameter study's MLP
 
 For each model and device it times the same number of optimizer steps (Adam, batch 128) of
   - baseline: a plain PyTorch loop over torchvision's dataset and DataLoader (per-sample transforms,
     `shuffle=True`, `--workers` worker processes, `loss.item()` each step for the running loss), the
     loop most research code has;
-  - flatbench sequential: `flatbench.train.train_epoch` (the dataset normalized once and resident on
+  - flatbench sequential: `flatbench.training.train_epoch` (the dataset normalized once and resident on
     the device, batches are index slices, no per-step host sync);
-  - flatbench vectorized G: `flatbench.vectorized.VectorizedGroup`, G runs (different label ratios)
+  - flatbench vectorized G: `flatbench.training.VectorizedGroup`, G runs (different label ratios)
     trained at once; its samples/s counts the examples of all G runs.
-Models: the MLP (784-512-512-10) and LeNet-5 on MNIST, WRN-16-4 on CIFAR-10 with crop+flip augmentation
+Models: the MLP (784-512-512-10, or the hidden widths `--mlp-widths` gives) and LeNet-5 on MNIST, WRN-16-4 on CIFAR-10 with crop+flip augmentation
 (sequential only: it has batch norm). An untimed warm-up pass of the same length comes first; then
 `--repeats` timed passes, of which the fastest is reported (shared machines are noisy).
 
@@ -45,8 +46,8 @@ if str(ROOT) not in sys.path:
 from flatbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
 from flatbench.data import DATASETS, dataset_root, load_dataset, load_raw  # noqa: E402
 from flatbench.models import build_model  # noqa: E402
-from flatbench.train import _StopFlag, init_model, make_optimizer, train_epoch, training_forward  # noqa: E402
-from flatbench.vectorized import VectorizedGroup, new_member  # noqa: E402
+from flatbench.training import (StopFlag, VectorizedGroup, init_model, make_optimizer, new_member,  # noqa: E402
+                                train_epoch, training_forward)
 
 MODELS = {
     "mlp": ("mnist", ModelConfig(name="mlp", widths=(512, 512))),
@@ -164,7 +165,7 @@ def bench_sequential(model_cfg: ModelConfig, dataset: str, device: torch.device,
     model = init_model("bench", cfg, ds.input_shape, ds.num_classes, device)
     opt = make_optimizer(model, cfg)
     forward = training_forward(model, cfg, device)
-    with _StopFlag() as stop:
+    with StopFlag() as stop:
         train_epoch(model, opt, ds, cfg, "bench", 0, stop, forward)  # warm-up
         return best_rate(ds.n_train, args.repeats,
                          lambda i: train_epoch(model, opt, ds, cfg, "bench", 1 + i, stop, forward), device)
@@ -191,6 +192,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="timed optimizer steps for mlp and lenet")
     ap.add_argument("--wrn-steps", type=int, default=3, help="timed optimizer steps for wrn on the CPU")
     ap.add_argument("--wrn-steps-cuda", type=int, default=40, help="timed optimizer steps for wrn on CUDA")
+    ap.add_argument("--mlp-widths", default="512,512", help="hidden widths of the MLP, comma-separated")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per measurement (the fastest counts)")
     ap.add_argument("--groups", default="8,16", help="vectorized group sizes")
@@ -208,6 +210,8 @@ def main() -> None:
     args.cifar_root = Path(args.cifar_root or os.environ.get("FLATBENCH_CIFAR10_ROOT") or root)
     devices = args.devices.split(",") if args.devices else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     models = [m for m in args.models.split(",") if m]
+    mlp_widths = tuple(int(w) for w in args.mlp_widths.split(",") if w)
+    MODELS["mlp"] = ("mnist", ModelConfig(name="mlp", widths=mlp_widths))
     groups = [int(g) for g in args.groups.split(",") if g]
     bs = args.batch_size
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, batch {bs}, Adam, "
@@ -252,7 +256,8 @@ def main() -> None:
     print("| model | device | method | samples/s | vs baseline |")
     print("| --- | --- | --- | ---: | ---: |")
     for name, dev, method, rate, base in rows:
-        label = {"mlp": "MLP 512-512, MNIST", "lenet": "LeNet-5, MNIST", "wrn": "WRN-16-4, CIFAR-10"}[name]
+        label = {"mlp": f"MLP {'-'.join(map(str, mlp_widths))}, MNIST", "lenet": "LeNet-5, MNIST",
+                 "wrn": "WRN-16-4, CIFAR-10"}[name]
         print(f"| {label} | {dev} | {method} | {rate:,.0f} | {rate / base:.1f}× |")
 
 

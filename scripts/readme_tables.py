@@ -48,7 +48,8 @@ def config_reference() -> str:
 def measures_table() -> str:
     from flatbench.measures import all_measures
 
-    lines = ["| measure | invariant to | cost | loss | kind | description |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| measure | invariant to | cost | loss | kind | dtype (auto) | description |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, spec in all_measures().items():
         inv = ", ".join(sorted(spec.invariant_to)) or "none"
         kind = "stochastic" if spec.stochastic else ("exact" if spec.exact else "iterative")
@@ -56,7 +57,7 @@ def measures_table() -> str:
         desc = spec.description.replace("|", "\\|")
         if spec.variants:
             desc += " Variants: " + ", ".join(f"`{name}:{v}`" for v in spec.variants) + "."
-        lines.append(f"| `{name}` | {inv} | {spec.cost} | {loss} | {kind} | {desc} |")
+        lines.append(f"| `{name}` | {inv} | {spec.cost} | {loss} | {kind} | {spec.precision} | {desc} |")
     return "\n".join(lines)
 
 

@@ -10,7 +10,8 @@ replaced by that section of results/cpu/STUDY, so the README's tables are regene
 
 Reads correlations.csv (the ranking: τ with its interval, p-value, n, the comparison with the best),
 correlations_by_level.csv (τ at every snapshot level), audit_correlations.csv (the population audit: τ before
-and after one random node-wise rescaling of every run), table.csv (the runs' final train losses) and
+and after random node-wise rescalings of every run: several draws per factor range, or one draw in the files
+of the old audit), table.csv (the runs' final train losses) and
 walltime.txt (the commands and their wall times, written by scripts/run_cpu_studies.sh).
 """
 
@@ -38,18 +39,119 @@ def p_text(value: object) -> str:
         return "n/a"
     if not math.isfinite(v):
         return "n/a"
-    return "<0.001" if v < 0.001 else f"{v:.2g}"
+    return "<0.001" if v < 0.001 else f"{v:.2g}"  # as the report writes p
+
+
+def _group(r: dict) -> str:
+    """The measure's label against the study's best (Holm-adjusted paired tests), '(borderline)' where the
+    adjusted p is within Monte-Carlo error of the level, so that another report seed could flip it."""
+    label = r.get("vs_best") if isinstance(r.get("vs_best"), str) else ""
+    if str(r.get("vs_best_borderline")).lower() == "true":
+        label += " (borderline)"
+    return label
+
+
+def _in_group(r: dict) -> bool:
+    return str(r.get("vs_best")) in ("best", "indistinguishable")
+
+
+def _share(value: object, n: object) -> str:
+    try:
+        count = int(float(n))
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if count == 0 or not math.isfinite(float(value)) else f"{float(value):.2f} ({count})"
 
 
 def ranking(exp: Path) -> str:
+    """Every measure with τ [interval], p, its group (Holm over the paired tests against the best), the
+    share of seed pairs it orders like the gap, Ψ and the mean / worst sign error."""
     corr = pd.read_csv(exp / "correlations.csv")
-    lines = ["| # | measure | n | Kendall τ [95% CI] | p | vs best | Spearman ρ | Pearson r |",
-             "| ---: | --- | ---: | --- | ---: | --- | ---: | ---: |"]
+    lines = ["| # | measure | n | Kendall τ [95% CI] | p | vs best (Holm) | seed pairs ordered (n) | Ψ | "
+             "sign error mean / worst | Spearman ρ | Pearson r |",
+             "| ---: | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for i, r in enumerate(corr.to_dict(orient="records"), 1):
         ci = f" [{f(r['kendall_tau_lo'])}, {f(r['kendall_tau_hi'])}]" if math.isfinite(float(r["kendall_tau_lo"])) else ""
-        vs = str(r.get("vs_best") if isinstance(r.get("vs_best"), str) else "")
         lines.append(f"| {i} | `{r['measure']}` | {r['n']} | {f(r['kendall_tau'])}{ci} | {p_text(r['kendall_p'])} | "
-                     f"{vs} | {f(r['spearman_rho'])} | {f(r['pearson_r'])} |")
+                     f"{_group(r)} | {_share(r.get('seed_pairs_concordant'), r.get('n_seed_pairs'))} | "
+                     f"{f(r.get('psi'))} | {f(r.get('sign_error_mean'))} / {f(r.get('sign_error_worst'))} | "
+                     f"{f(r['spearman_rho'])} | {f(r['pearson_r'])} |")
+    methods = sorted(set(corr["kendall_p_method"].dropna().astype(str))) if "kendall_p_method" in corr else []
+    if methods:
+        lines.append("")
+        lines.append("p: two-sided permutation test of τ (" + "; ".join(methods) + ").")
+    return "\n".join(lines)
+
+
+def axes(exp: Path) -> str:
+    """Beyond label noise: per measure, one ψ per hyperparameter axis (Jiang et al.'s granulated τ, within
+    groups that share every other axis and the seed), Ψ, the CMI score with its minimizing conditioning
+    set, Dziugaite et al.'s sign errors over the environments, and the seed pairs."""
+    corr = pd.read_csv(exp / "correlations.csv")
+    names = [c[len("psi_"):] for c in corr.columns if c.startswith("psi_") and not c.startswith("psi_p_")]
+    # p_psi_<axis> (earlier: psi_p_<axis>, which a reader of every psi_* column took for an axis)
+    head = "| measure | τ | " + " | ".join(f"ψ `{n}` (p)" for n in names) + \
+        " | Ψ | CMI (given) | sign error mean / worst (environments) | seed pairs ordered (n, p) |"
+    lines = [head, "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: | --- | ---: | ---: |"]
+    for r in corr.to_dict(orient="records"):
+        cmi = f(r.get("cmi"))
+        if cmi != "n/a" and isinstance(r.get("cmi_condition"), str):
+            cmi += f" ({r['cmi_condition']})"
+        envs = r.get("n_environments")
+        envs = int(envs) if isinstance(envs, (int, float)) and math.isfinite(float(envs)) else 0
+        psis = [f"{f(r[f'psi_{n}'])} ({p_text(r.get(f'p_psi_{n}', r.get(f'psi_p_{n}')))})" for n in names]
+        seeds = _share(r.get("seed_pairs_concordant"), r.get("n_seed_pairs"))
+        if seeds != "n/a" and "seed_pairs_p" in r:
+            seeds = seeds[:-1] + f", p {p_text(r['seed_pairs_p'])})"
+        lines.append(f"| `{r['measure']}` | {f(r['kendall_tau'])} | " + " | ".join(psis)
+                     + f" | {f(r.get('psi'))} | {cmi} | {f(r.get('sign_error_mean'))} / "
+                     f"{f(r.get('sign_error_worst'))} ({envs}) | {seeds} |")
+    return "\n".join(lines)
+
+
+PAIRS = [
+    ("normalized_sharpness_nce", "hessian_trace", "Tsuzuku et al.'s protocol: normalized sharpness of the "
+     "normalized cross-entropy, Hessian trace of the cross-entropy"),
+    ("normalized_sharpness", "hessian_trace", "both on the cross-entropy"),
+    ("normalized_sharpness_nce", "hessian_trace@normalized_ce", "both on the normalized cross-entropy"),
+    ("normalized_sharpness_nce", "normalized_sharpness", "the loss the normalized sharpness is taken of"),
+    ("path_norm", "normalized_sharpness_nce", "two node-invariant measures"),
+    ("adaptive_sharpness_avg@normalized_ce", "normalized_sharpness_nce", "two node-invariant measures"),
+    ("minimum_sharpness", "normalized_sharpness", "Ibayashi et al.'s claim (exact solvers)"),
+    ("minimum_sharpness:published", "normalized_sharpness:published", "Ibayashi et al.'s claim (published "
+     "solvers)"),
+    ("psi_flatness", "hessian_trace", "Yi et al.'s invariant trace against the plain one"),
+]
+"""The paired comparisons the prose of results/README.md cites (A − B), with the pairing each one uses."""
+
+
+def pairs(exp: Path) -> str:
+    """Paired comparisons of τ (comparisons.csv: the bootstrap over the runs both measures have, with the
+    Wald p of the difference and the resample-count p) for the pairs in `PAIRS` that the study has."""
+    comp = pd.read_csv(exp / "comparisons.csv")
+    index = {(r["measure_a"], r["measure_b"]): r for r in comp.to_dict(orient="records")}
+    lines = ["| A | B | pairing | n | τ_A | τ_B | Δτ = τ_A − τ_B [95% CI] | p (Wald) | p (bootstrap) |",
+             "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for a, b, what in PAIRS:
+        r = index.get((a, b))
+        if r is None or not int(r["n"]):
+            continue
+        ci = f" [{f(r['diff_lo'])}, {f(r['diff_hi'])}]" if math.isfinite(float(r["diff_lo"])) else ""
+        lines.append(f"| `{a}` | `{b}` | {what} | {r['n']} | {f(r['tau_a'])} | {f(r['tau_b'])} | "
+                     f"{f(r['diff'])}{ci} | {p_text(r['p_value'])} | {p_text(r['p_boot'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def variance(exp: Path) -> str:
+    """The share of the gap's variance each axis explains (scripts/gap_variance.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gap_variance", Path(__file__).with_name("gap_variance.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    n, rows = module.shares(exp, "acc")
+    lines = [f"| share of the variance of the accuracy gap ({n} runs) | |", "| --- | ---: |"]
+    lines += [f"| {what} | {share:.4f} |" for what, share in rows]
     return "\n".join(lines)
 
 
@@ -73,19 +175,65 @@ def levels(exp: Path) -> str:
     return "\n".join(lines)
 
 
+def _old_audit_range(exp: Path) -> str:
+    """The factor range an old (single-draw) audit printed in its log, e.g. 'factors log-uniform in [1/100, 100]'."""
+    import re
+
+    for log in (exp / "audit.log", exp.parent / f"{exp.name}.log"):  # a study's, or a sub-audit's (audit_layer)
+        match = re.search(r"factors log-uniform in (\[1/[0-9.e+]+, [0-9.e+]+\])", log.read_text()) \
+            if log.is_file() else None
+        if match:
+            return f"factors log-uniform in {match.group(1)}"
+    return "factor range not recorded"
+
+
 def audit(exp: Path) -> str:
+    """The population audit: one row per measure. A current audit_correlations.csv (one row per measure and
+    factor range, Δτ over several draws) gives, for each range, the mean Δτ and its [min, max] over the
+    draws; a file of the old audit (one transformation per run) is printed as it was, captioned
+    'single draw (old audit)'."""
     path = exp / "audit_correlations.csv"
     if not path.is_file():
         return ""
     frame = pd.read_csv(path)
     family = "/".join(sorted(set(frame["family"].astype(str)))) if "family" in frame else "node"
-    lines = [f"| measure | n | τ before | τ after | Δτ | median relative change | declared {family}-invariant |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for r in frame.to_dict(orient="records"):
-        rel = float(r["median_rel_change"])
-        lines.append(f"| `{r['measure']}` | {r['n']} | {f(r['tau_original'])} | {f(r['tau_transformed'])} | "
-                     f"{f(r['delta'])} | {'n/a' if not math.isfinite(rel) else f'{rel:.1e}'} | "
-                     f"{'yes' if r['declared_invariant'] else 'no'} |")
+    if "max_factor" not in frame:  # the old single-draw audit
+        lines = [f"| measure | n | τ before | τ after | Δτ | median relative change | declared {family}-invariant |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for r in frame.to_dict(orient="records"):
+            rel = float(r["median_rel_change"])
+            lines.append(f"| `{r['measure']}` | {r['n']} | {f(r['tau_original'])} | {f(r['tau_transformed'])} | "
+                         f"{f(r['delta'])} | {'n/a' if not math.isfinite(rel) else f'{rel:.1e}'} | "
+                         f"{'yes' if r['declared_invariant'] else 'no'} |")
+        lines.append("")
+        lines.append(f"Single draw (old audit): one {family} transformation per run, {_old_audit_range(exp)}.")
+        return "\n".join(lines)
+    factors = sorted(set(frame["max_factor"].astype(float)))
+    draws = int(frame["n_draws"].max())
+    lines = ["| measure | n | τ before | " + " | ".join(f"Δτ, F = {x:g}: mean [min, max]" for x in factors)
+             + " | median relative change (" + " / ".join(f"F = {x:g}" for x in factors) + ")"
+             + f" | declared {family}-invariant |",
+             "| --- | ---: | ---: | " + " | ".join("---:" for _ in factors) + " | ---: | --- |"]
+    for measure in dict.fromkeys(frame["measure"]):
+        part = {float(r["max_factor"]): r for r in frame[frame["measure"] == measure].to_dict(orient="records")}
+        first = next(iter(part.values()))
+        cells, rels = [], []
+        for x in factors:
+            r = part.get(x)
+            if r is None or not math.isfinite(float(r["delta_mean"])):
+                cells.append("n/a" if r is None else f"n/a ({r['status']})")
+            else:
+                partial = f" ({int(r['n_draws_ok'])} of {int(r['n_draws'])} draws)" \
+                    if int(r["n_draws_ok"]) < int(r["n_draws"]) else ""
+                cells.append(f"{f(r['delta_mean'])} [{f(r['delta_min'])}, {f(r['delta_max'])}]{partial}")
+            rel = float(r["median_rel_change"]) if r is not None else math.nan
+            rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
+        n = min(int(r["n"]) for r in part.values())
+        lines.append(f"| `{measure}` | {n} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
+                     + " / ".join(rels) + f" | {'yes' if first['declared_invariant'] else 'no'} |")
+    lines.append("")
+    lines.append(f"{draws} random {family} transformations of every run for each factor range [1/F, F]; Δτ = τ after − "
+                 "τ before, one value per draw; the median relative change of the values is given per range.")
     return "\n".join(lines)
 
 
@@ -220,10 +368,31 @@ def walltime(exp: Path) -> str:
     return "| command | wall time |\n| --- | ---: |\n" + "\n".join(rows)
 
 
+def _declared_node_invariant(key: str) -> str:
+    """From the registry, for a measure no audit covered: is `node` among its declared invariances? n/a for a
+    variant (`name:variant`): it shares its measure's declaration, which an early-stopped published solver
+    need not hold."""
+    import sys
+
+    if ":" in key.partition("@")[0]:
+        return "n/a"
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from flatbench.measures.keys import parse_key
+    from flatbench.measures.registry import get_measure
+
+    try:
+        spec = get_measure(parse_key(key).measure)
+    except Exception:  # noqa: BLE001 - a plugin measure this process cannot load
+        return "n/a"
+    return "yes" if "node" in spec.invariant_to else "no"
+
+
 def summary(cpu: Path) -> str:
     """One row per measure, one column per study: τ with the gap (bold where the measure is in the study's
     best group: best or indistinguishable from it), whether the measure is declared node-invariant, and the
-    largest |Δτ| the population audits measured under a random node-wise rescaling."""
+    largest |Δτ| the population audits measured under random node-wise rescalings (over every draw and factor
+    range of a current audit; the one draw of an old one)."""
     studies = sorted(p.parent for p in cpu.glob("*/correlations.csv"))
     taus: dict[str, dict[str, str]] = {}
     means: dict[str, list[float]] = {}
@@ -234,14 +403,18 @@ def summary(cpu: Path) -> str:
             tau = float(r["kendall_tau"])
             if not math.isfinite(tau):
                 continue
-            best = str(r.get("vs_best")) in ("best", "indistinguishable")
-            taus.setdefault(r["measure"], {})[exp.name] = f"**{tau:.2f}**" if best else f"{tau:.2f}"
+            text = f"**{tau:.2f}**" if _in_group(r) else f"{tau:.2f}"
+            if str(r.get("vs_best_borderline")).lower() == "true":
+                text += "†"
+            taus.setdefault(r["measure"], {})[exp.name] = text
             means.setdefault(r["measure"], []).append(tau)
         audit_path = exp / "audit_correlations.csv"
         if audit_path.is_file():
-            for r in pd.read_csv(audit_path).to_dict(orient="records"):
+            audit_frame = pd.read_csv(audit_path)
+            column = "delta_absmax" if "delta_absmax" in audit_frame else "delta"  # new audit: every draw and range
+            for r in audit_frame.to_dict(orient="records"):
                 declared[r["measure"]] = bool(r["declared_invariant"])
-                d = float(r["delta"])
+                d = float(r[column])
                 if math.isfinite(d):
                     shift[r["measure"]] = max(shift.get(r["measure"], 0.0), abs(d))
     header = "| measure | " + " | ".join(f"`{e.name}`" for e in studies) + \
@@ -250,13 +423,15 @@ def summary(cpu: Path) -> str:
     for m in sorted(means, key=lambda k: -sum(means[k]) / len(means[k])):
         cells = [taus[m].get(e.name, "n/a") for e in studies]
         mean = sum(means[m]) / len(means[m])
-        inv = "n/a" if m not in declared else ("yes" if declared[m] else "no")
+        inv = ("yes" if declared[m] else "no") if m in declared else _declared_node_invariant(m)
         lines.append(f"| `{m}` | " + " | ".join(cells) + f" | {mean:.2f} | {inv} | "
                      f"{f(shift[m]) if m in shift else 'n/a'} |")
     return "\n".join(lines)
 
 
-SECTIONS = {"walltime": walltime, "endpoint": endpoint, "ranking": ranking, "by_model": by_model, "levels": levels,
+SECTIONS = {"walltime": walltime, "endpoint": endpoint, "variance": variance, "ranking": ranking, "axes": axes,
+            "pairs": pairs,
+            "by_model": by_model, "levels": levels,
             "levels_by_model": levels_by_model, "solvers": solvers, "audit": audit}
 
 
