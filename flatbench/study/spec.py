@@ -124,12 +124,16 @@ def check_study(study: Study, measures: list[str] | None = None) -> list[str]:
 def _check_measurement_size(study: Study) -> None:
     """`measure.n_examples` above a run's `data.n_train` is refused, not silently capped (a dataset's own
     size, where n_train is null, is checked by `check_data` when the data are read)."""
-    n_examples = study.measure.n_examples
     for _, run in study.runs:
-        if n_examples is not None and run.data.n_train is not None and n_examples > run.data.n_train:
-            raise ConfigError(f"measure.n_examples={n_examples} is more than the {run.data.n_train} training "
-                              f"examples of run {run.run_id()}; give at most {run.data.n_train} (or null: all of "
-                              f"them)")
+        if run.data.n_train is not None:
+            _refuse_more_examples_than(study.measure.n_examples, run.data.n_train, run)
+
+
+def _refuse_more_examples_than(n_examples: int | None, n_train: int, run: Any) -> None:
+    """The one rule: at most as many measurement examples as the run has training examples."""
+    if n_examples is not None and n_examples > n_train:
+        raise ConfigError(f"measure.n_examples={n_examples} is more than the {n_train} training examples of "
+                          f"run {run.run_id()}; give at most {n_train} (or null: all of them)")
 
 
 def with_plugins(study: Study, plugins: tuple[str, ...] | list[str]) -> Study:
@@ -198,11 +202,8 @@ def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
             if asked is not None and asked > available:
                 raise ConfigError(f"{where}={asked} is more than the {available} {which} examples of "
                                   f"'{run.data.dataset}'; give at most {available} (or null: all of them)")
-        n_examples = study.measure.n_examples
         n_train = run.data.n_train if run.data.n_train is not None else int(raw.y_train.numel())
-        if n_examples is not None and n_examples > n_train:
-            raise ConfigError(f"measure.n_examples={n_examples} is more than the {n_train} training examples of "
-                              f"run {run.run_id()}; give at most {n_train} (or null: all of them)")
+        _refuse_more_examples_than(study.measure.n_examples, n_train, run)
 
 
 def check_output_dir(path: str | Path, what: str = "output folder") -> Path:
