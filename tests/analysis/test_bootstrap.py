@@ -53,26 +53,67 @@ def test_run_weights_are_cell_times_draw_weights(n_draws):
         assert boot.description == "resampled: the 7 configurations and the 6 data draws (two-way cluster bootstrap)"
 
 
-def test_resampled_tau_is_tau_of_the_resampled_data_set():
-    """Every τ* of `Resamples` is scipy's τ-b of the data set holding w_c·v_d copies of run (c, d)."""
+def copy_pairs(cells, draws, w, v, resample_draws):
+    """The resampled data set of one resample, observation by observation (run, configuration copy, draw
+    copy), and its pairs of distinct copies (not two copies of one configuration, nor of one draw) with
+    their weight: (C − 1)/C for two runs of one configuration, (D − 1)/D for two of one resampled draw."""
+    n_cells, n_draws = len(w), len(v)
+    alpha = (n_cells - 1) / n_cells if n_cells > 1 else 1.0
+    beta = (n_draws - 1) / n_draws if resample_draws and n_draws > 1 else 1.0
+    obs = [(r, (cells[r], s), (draws[r], t)) for r in range(len(cells))
+           for s in range(int(w[cells[r]])) for t in range(int(v[draws[r]]))]
+    for a in range(len(obs)):
+        for b in range(a + 1, len(obs)):
+            (ra, ca, da), (rb, cb, db) = obs[a], obs[b]
+            if (ca[0] == cb[0] and ca != cb) or (da[0] == db[0] and da != db) or ra == rb:
+                continue
+            yield ra, rb, (alpha if ca[0] == cb[0] else 1.0) * (beta if da[0] == db[0] else 1.0)
+
+
+@pytest.mark.parametrize("n_draws", [2, 5])
+def test_resampled_tau_is_tau_over_the_pairs_of_distinct_copies(n_draws):
+    """Every τ* of `Resamples` is τ-b over the pairs of the resampled data set (w_c·v_d copies of run (c, d))
+    that are not two copies of one configuration or of one draw, with their weights, written out pair by
+    pair."""
     rng = np.random.default_rng(1)
-    design = crossed({"train.lr": 3, "data.n_train": 2}, n_draws=5)
+    design = crossed({"train.lr": 3, "data.n_train": 2}, n_draws=n_draws)
     n = len(design)
-    gap = design["train.lr"] * 0.1 + rng.normal(0, 0.05, n)
+    gap = design["train.lr"].to_numpy() * 0.1 + rng.normal(0, 0.05, n)
     measure = np.round(gap + rng.normal(0, 0.05, n), 2)  # ties
-    table = as_table(design, gap, {"m": measure})
-    d = design_of(table, ["train.lr", "data.n_train", "seed"])
-    res = Resamples({"m": measure}, gap.to_numpy(), d.cells, d.draws, 40, seed=7)
-    mask = np.ones(n, dtype=bool)
-    tau_star = res.boot("m", mask)
-    boot = res.bootstrap(mask)
-    w, v = _explicit_weights(d.n_cells, d.n_draws, 40, 7, True)
-    for b in range(40):
-        copies = [int(w[b, d.cells[r]] * v[b, d.draws[r]]) for r in range(n)]
-        xs, ys = np.repeat(measure, copies), np.repeat(gap.to_numpy(), copies)
-        ref = sps.kendalltau(xs, ys).statistic if np.ptp(xs) > 0 and np.ptp(ys) > 0 else math.nan
+    d = design_of(as_table(design, gap, {"m": measure}), ["train.lr", "data.n_train", "seed"])
+    res = Resamples({"m": measure}, gap, d.cells, d.draws, 30, seed=7)
+    tau_star = res.boot("m", np.ones(n, dtype=bool))
+    w, v = _explicit_weights(d.n_cells, d.n_draws, 30, 7, n_draws >= 5)
+    for b in range(30):
+        num = dx = dy = 0.0
+        for i, j, k in copy_pairs(d.cells, d.draws, w[b], v[b], n_draws >= 5):
+            sx, sy = np.sign(measure[i] - measure[j]), np.sign(gap[i] - gap[j])
+            num, dx, dy = num + k * sx * sy, dx + k * abs(sx), dy + k * abs(sy)
+        ref = num / math.sqrt(dx * dy) if dx and dy else math.nan
         assert (math.isnan(ref) and math.isnan(tau_star[b])) or tau_star[b] == pytest.approx(ref, abs=1e-12)
-    assert np.array_equal(boot.weights, w[:, d.cells] * v[:, d.draws])
+
+
+def test_pairs_of_copies_would_bias_tau_toward_the_within_configuration_tau():
+    """11 configurations × 2 draws where the measure orders the configurations perfectly and every pair of
+    replicates backwards (it is the other replicate's gap). Counting pairs across copies of a configuration
+    (the plain quadratic form W_i·W_j) doubles the within-configuration pairs on average and drags τ* far
+    below τ; over pairs of distinct copies, weighted so that every pair has the same expected weight, the
+    resamples centre on τ and the interval holds it."""
+    from flatbench.analysis.stats import weighted_kendall
+
+    cells, draws = np.repeat(np.arange(11), 2), np.tile([0, 1], 11)
+    gap = cells * 1.0 + np.tile([0.0, 0.1], 11)
+    measure = cells * 1.0 + np.tile([0.1, 0.0], 11)
+    tau = sps.kendalltau(measure, gap).statistic
+    res = Resamples({"m": measure}, gap, cells, draws, 4000, seed=0)
+    distinct = res.boot("m", np.ones(22, dtype=bool))
+    plain = weighted_kendall(measure, gap, res.bootstrap(np.ones(22, dtype=bool)).weights)
+    assert abs(np.nanmean(distinct) - tau) < 0.02
+    assert tau - np.nanmean(plain) > 0.05
+    lo, hi = np.quantile(plain[np.isfinite(plain)], [0.025, 0.975])
+    assert hi < tau  # the plain interval misses its own estimate
+    lo, hi = np.quantile(distinct[np.isfinite(distinct)], [0.025, 0.975])
+    assert lo < tau < hi
 
 
 def test_one_configuration_and_few_draws_fall_back_to_the_runs():

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 from stat_designs import as_table, crossed
+from test_bootstrap import copy_pairs
 
 from flatbench.analysis.stats import analyze, bootstrap_pvalue, pair_weight, replicate_sd, two_way_bootstrap
 
@@ -117,12 +118,16 @@ def test_replicate_share_and_its_bootstrap_p_from_five_draws():
     conc = [float(np.sign(measure[p] - measure[q]) == np.sign(gap[p] - gap[q])) for p, q in pairs]
     assert row["n_seed_pairs"] == len(pairs) == 10 * 10 and row["seed_pairs_concordant"] == pytest.approx(np.mean(conc))
     boot = two_way_bootstrap(cells, draws, 300, seed=4)
+    concordant = dict(zip(pairs, conc))
     shares = []
-    for b in range(300):
-        w = [boot.weights[b, p] * boot.weights[b, q] for p, q in pairs]
-        shares.append(sum(wi * c for wi, c in zip(w, conc)) / sum(w) if sum(w) else math.nan)
+    for b in range(300):  # over the pairs of distinct copies of the resampled data set (test_bootstrap)
+        counted = [(k, concordant[(i, j)]) for i, j, k in copy_pairs(boot.cells, boot.draws, boot.cell_weights[b],
+                                                                      boot.draw_weights[b], True)
+                   if (i, j) in concordant]
+        total = sum(k for k, _ in counted)
+        shares.append(sum(k * c for k, c in counted) / total if total else math.nan)
     assert row["seed_pairs_p"] == pytest.approx(bootstrap_pvalue(np.array(shares) - 0.5), abs=1e-12)
-    assert row["seed_pairs_p"] < 0.05  # the measure orders replicates by their draw effect
+    assert 0.001 < row["seed_pairs_p"] < 0.05, row["seed_pairs_p"]  # the draw effect orders replicates
 
 
 def test_no_replicate_test_below_five_draws():

@@ -41,7 +41,7 @@ import pandas as pd
 from scipy.stats import norm
 
 from flatbench.analysis.stats.bootstrap import MIN_UNITS, TwoWay, two_way_bootstrap
-from flatbench.analysis.stats.kernels import bootstrap_pvalue, gap_untied, kendall_batch, kendall_parts, tau_from_parts
+from flatbench.analysis.stats.kernels import bootstrap_pvalue, kendall_batch, tau_from_parts
 
 MIN_RUNS = 3
 MIN_CI_RUNS = 10
@@ -126,15 +126,21 @@ class Resamples:
         return self._points[key]
 
     def boot(self, m: str, mask: np.ndarray) -> np.ndarray:
-        """τ* of measure m on the resamples of the runs in `mask`."""
+        """τ* of measure m on the resamples of the runs in `mask`, over pairs of distinct copies
+        (`bootstrap`: pairs of copies)."""
         key = (m, mask.tobytes())
         if key not in self._boots:
             design = self.bootstrap(mask)
             g = self.gap[mask]
+            sy = np.sign(g[:, None] - g[None, :])
             if "gap_untied" not in design.cache:
-                design.cache["gap_untied"] = gap_untied(g, design.weights)
-            num, dx, _ = kendall_parts(self.data[m][mask], g, design.weights, skip_y=True)
-            self._boots[key] = tau_from_parts(num, dx, design.cache["gap_untied"])
+                design.cache["gap_untied"] = design.pair_sums(np.abs(sy))
+            x = self.data[m][mask]
+            sx = np.sign(x[:, None] - x[None, :])
+            if "all_pairs" not in design.cache:
+                design.cache["all_pairs"] = design.pair_sums(np.ones_like(sx))
+            dx = design.pair_sums(np.abs(sx)) if (sx == 0).sum() > len(x) else design.cache["all_pairs"]
+            self._boots[key] = tau_from_parts(design.pair_sums(sx * sy), dx, design.cache["gap_untied"])
         return self._boots[key]
 
     def diff_boot(self, a: str, b: str, mask: np.ndarray) -> np.ndarray:

@@ -147,16 +147,6 @@ def kendall_parts(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
     return num, dx, dy
 
 
-def gap_untied(y: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The untied-in-y pairs of every weighted resample (`kendall_parts`' third part alone)."""
-    sy = _signs(np.asarray(y, float))
-    w = np.asarray(weights, dtype=float)
-    if (sy == 0).sum() > len(y):
-        return _quadratic(w, np.abs(sy))
-    total = w.sum(axis=1)
-    return 0.5 * (total * total - (w * w).sum(axis=1))
-
-
 def tau_from_parts(num: np.ndarray, dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
     """τ-b = (C − D) / sqrt(untied x · untied y); NaN where x or y is constant on a resample."""
     ok = (dx > 0) & (dy > 0)

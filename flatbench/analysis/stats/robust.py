@@ -216,15 +216,15 @@ def seed_pairs(measure: np.ndarray, gap: np.ndarray, cells: np.ndarray) -> tuple
 
 
 def replicate_pvalue(pairs: ReplicatePairs, measure: np.ndarray, boot: TwoWay) -> tuple[float, str]:
-    """(p, "") of H0 "the share is ½" by the two-way bootstrap of the pairs (pair weight W_i·W_j with the
-    run weights W = w_c·v_d), or (NaN, why not): only when the draws are resampled."""
+    """(p, "") of H0 "the share is ½" by the two-way bootstrap of the pairs (pairs of distinct copies,
+    `TwoWay.pair_weights`), or (NaN, why not): only when the draws are resampled."""
     n_draws = boot.draw_weights.shape[1]
     if not boot.draws_resampled:
         return math.nan, f"with {n_draws} draw(s) no replicate-level test is possible"
     if not len(pairs.i) or boot.n_units < MIN_UNITS:
         return math.nan, "too few replicate pairs or units"
     err = _pair_errors(np.asarray(measure, dtype=float)[None, :], pairs.sg, pairs.i, pairs.j)[0]
-    w = boot.weights[:, pairs.i] * boot.weights[:, pairs.j]
+    w = boot.pair_weights(pairs.i, pairs.j)
     total = w.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(total > 0, 1.0 - (w @ err) / np.where(total > 0, total, 1.0), np.nan)
