@@ -65,15 +65,20 @@ def psi_resampled(blocks: PsiBlocks, taus: np.ndarray, n_boot: int, seed: int) -
     taus = np.atleast_2d(np.asarray(taus, dtype=float))
     out = np.full((len(taus), max(n_boot, 0)), np.nan)
     present = block_matrix(blocks, np.ones(blocks.n_blocks))[1]
-    matrices = [block_matrix(blocks, t)[0] for t in taus]
+    values = np.stack([block_matrix(blocks, t)[0] for t in taus])  # (M, K, D)
+    resample = resamples_draws(blocks.n_draws)
     for c, start in enumerate(range(0, max(n_boot, 0), CHUNK)):
         size = min(CHUNK, n_boot - start)
-        u, v = two_way_weights(blocks.n_combos, blocks.n_draws, size, (seed, c), resamples_draws(blocks.n_draws))
-        den = np.einsum("bk,bk->b", u, v @ present.T)
-        safe = np.where(den > 0, den, 1.0)
-        for m, values in enumerate(matrices):
-            num = np.einsum("bk,bk->b", u, v @ values.T)
-            out[m, start:start + size] = np.where(den > 0, num / safe, np.nan)
+        u, v = two_way_weights(blocks.n_combos, blocks.n_draws, size, (seed, c), resample)
+        if resample:  # Σ_d v_d · (u @ T_d)
+            num = sum(v[:, d:d + 1] * (u @ values[:, :, d].T) for d in range(blocks.n_draws))
+            den = sum(v[:, d] * (u @ present[:, d]) for d in range(blocks.n_draws))
+        else:  # v ≡ 1: sum the draws first
+            num = u @ values.sum(axis=2).T
+            den = u @ present.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[:, start:start + size] = np.where(den[:, None] > 0, num / np.where(den > 0, den, 1.0)[:, None],
+                                                  np.nan).T
     return out
 
 
