@@ -108,7 +108,7 @@ def test_no_test_with_fewer_than_ten_units():
     row = result.correlations.iloc[0]
     assert row["psi_data.random_label_ratio"] > 0.8 and math.isnan(row["p_psi_data.random_label_ratio"])
     assert result.psi_family == 0
-    assert any("no test for data.random_label_ratio (1 combination(s) of the other axes and 2 draw(s)" in n
+    assert any("no ψ test is possible: data.random_label_ratio (1 combination(s) of the other axes and 2 draw(s)" in n
                for n in result.notes)
 
 

@@ -298,9 +298,12 @@ def _design_notes(ctx: RowContext, psi_family: int, enough: bool) -> list[str]:
     notes = []
     plan = ctx.plan(np.isfinite(ctx.gap))
     untested = [f"{a} ({why})" for a, b in plan.psi.items() if (why := psi_untestable(b))]
-    notes.append(f"ψ p-values: two-way bootstrap of the block mean, Holm-adjusted over all {psi_family} ψ tests "
-                 f"of this study (measures × axes; p_psi_holm_<axis>)" + (f"; no test for {'; '.join(untested)}"
-                                                                          if untested else ""))
+    if psi_family:
+        notes.append(f"ψ p-values: two-way bootstrap of the block mean, Holm-adjusted over all {psi_family} ψ tests "
+                     f"of this study (measures × axes; p_psi_holm_<axis>)" + (f"; no test for {'; '.join(untested)}"
+                                                                              if untested else ""))
+    elif untested:
+        notes.append(f"no ψ test is possible: {'; '.join(untested)}")
     if design.data_axes:
         notes.append(f"Ψ averages the training axes ({', '.join(design.training_axes) or 'none'}); psi_data the "
                      f"data axes ({', '.join(design.data_axes)})")
