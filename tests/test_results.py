@@ -1,5 +1,11 @@
 """The committed reproductions (results/cpu/) cannot silently drift from the code: the report rebuilt from a
-committed study's run files gives the same table and correlations as the committed ones."""
+committed study's run files gives the same tables as the committed ones.
+
+table.csv does not depend on the statistics and is compared whatever the committed report's age. The
+statistics files (correlations.csv, comparisons.csv, reference_bands.csv, environments.csv) are compared
+when the committed report was written by the current statistics (correlations.csv has the `kind` column of
+the reference rows, issue 27); a committed report from before is reported as stale (xfail, naming the
+study), never compared with numbers of another method nor silently passed."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted(p.parent for p in (ROOT / "results" / "cpu").glob("*/correlations.csv"))
+STATISTICS_FILES = ("correlations.csv", "comparisons.csv", "reference_bands.csv", "environments.csv")
 
 
 def test_reproductions_are_committed():
@@ -41,7 +48,14 @@ def test_report_rebuilt_from_a_committed_study_is_the_committed_report(name, tmp
     copy = tmp_path / name
     shutil.copytree(exp, copy, ignore=shutil.ignore_patterns("*.png", "*.html", "*.md", "*.csv", "*.log"))
     report_study([copy], echo=lambda _line: None, quiet=True)
-    for csv in ("table.csv", "correlations.csv", "comparisons.csv"):
-        committed = pd.read_csv(exp / csv)
-        ours = pd.read_csv(copy / csv)
-        _assert_frames_equal(ours, committed, f"{name}/{csv}")
+    _assert_frames_equal(pd.read_csv(copy / "table.csv"), pd.read_csv(exp / "table.csv"), f"{name}/table.csv")
+    ours = pd.read_csv(copy / "correlations.csv")
+    assert list(ours["kind"][-2:]) == ["reference", "reference"]
+    assert list(ours["measure"][-2:]) == ["ref.random", "ref.replicate_gap"]
+    assert all((copy / f).is_file() for f in STATISTICS_FILES)
+    committed = pd.read_csv(exp / "correlations.csv")
+    if "kind" not in committed.columns:
+        pytest.xfail(f"results/cpu/{name} was reported before the issue-27 statistics: regenerate it "
+                     f"(flatbench report results/cpu/{name})")
+    for csv in STATISTICS_FILES:
+        _assert_frames_equal(pd.read_csv(copy / csv), pd.read_csv(exp / csv), f"{name}/{csv}")

@@ -4,7 +4,7 @@ The report stage reads only what training and measuring wrote (`run.json`, `meas
 `study.yaml`), so it can be re-run alone, on another machine, or over several experiment folders at once.
 
     table.py            run folders → one pandas table (one row per run); `to_float`, the one number parser
-    stats/              exclusions, τ/ρ/r with design-bootstrap CIs, the best group, Ψ, CMI, sign errors
+    stats/              exclusions, τ/ρ/r with two-way cluster bootstrap CIs, the best group, Ψ, CMI, sign errors
     report.py           the report stage: statistics once, then the figures and the document
     verdict.py          the verdict table's rows: τ, interval, p, best-group label, invariance, τ per model
     families.py         which family a measure is in (figure groups, filters)

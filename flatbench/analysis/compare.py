@@ -65,7 +65,10 @@ def read_studies(exp_dirs: list[Path]) -> dict[str, pd.DataFrame]:
             raise FlatbenchError(f"experiment folder {exp} does not exist")
         if not path.is_file():
             raise FlatbenchError(f"{exp} has no correlations.csv: run `flatbench report {exp}` first")
-        out[name] = pd.read_csv(path)
+        frame = pd.read_csv(path)
+        if "kind" in frame.columns:  # the reference rows (ref.random, ref.replicate_gap) are not measures
+            frame = frame[frame["kind"].astype(str) != "reference"].reset_index(drop=True)
+        out[name] = frame
     return out
 
 
@@ -149,7 +152,7 @@ def _document(frame: pd.DataFrame, studies: list[str], exp_dirs: list[Path], out
     doc.add(Heading(2, "Studies", "studies"))
     links = [f"[{s}]({Path(os.path.relpath(exp / 'report.html', out_dir)).as_posix()})" for s, exp in zip(studies, exp_dirs)]
     doc.add(Paragraph("Each study's own numbers, read from its correlations.csv (nothing is recomputed): Kendall τ "
-                      "of each measure with the gap, its 95% design-bootstrap interval (from 10 runs on), its "
+                      "of each measure with the gap, its 95% bootstrap interval (from 10 runs on), its "
                       "permutation p-value and its label against the study's best measure (Holm-adjusted paired "
                       "comparison). Reports: " + ", ".join(links) + ". Data: [comparison.csv](comparison.csv). "
                       "In the HTML page the table sorts by any column and filters by family."))

@@ -82,12 +82,14 @@ def _main_figures(analysis: Analysis, ranked: list[str], families: Mapping[str, 
                                                                          families=families),
                                "Paired comparison of the measures: τ_row − τ_col over the runs both have, from "
                                "the same bootstrap resamples.", "main"))
-    if len(analysis.environments):
-        out.append(FigureEntry("sign_errors.png", plots.sign_error_figure(analysis.environments, ranked),
-                               "Dziugaite et al.'s robust view: for each measure, the share of environments (a "
-                               "hyperparameter axis and the values of the other axes) whose sign error is at most "
-                               "x; the further left the curve, the better; the dot is the worst environment.",
-                               "main"))
+    envs = analysis.environments
+    envs = envs[envs["averaged"].astype(bool)] if "averaged" in envs.columns else envs
+    if len(envs):
+        out.append(FigureEntry("sign_errors.png", plots.sign_error_figure(envs, ranked),
+                               "Dziugaite et al.'s robust view: for each measure, the share of environments (an "
+                               "axis and the values of the other axes, with at least 10 pairs of runs whose gaps "
+                               "differ beyond the replicate noise) whose sign error is at most x; the further left "
+                               "the curve, the better; the dot is the worst environment.", "main"))
     return out
 
 

@@ -2,8 +2,11 @@
 
     write_report([results/quickstart], results/quickstart)
       → table.csv          one row per run: hyperparameters, metrics, gaps, every measure value
-      → correlations.csv   per headline measure: τ/ρ/r with 95% bootstrap CIs, n, Ψ and ψ per axis, CMI
+      → correlations.csv   per headline measure: τ/ρ/r with 95% bootstrap CIs, n, Ψ and ψ per axis, CMI;
+                           then the reference rows ref.random and ref.replicate_gap (column `kind`)
       → comparisons.csv    every pair of measures: τ_a − τ_b with its paired interval
+      → reference_bands.csv  the random reference's 95% band of every statistic
+      → environments.csv   Dziugaite et al.'s environments of every measure, with their counted pairs
       → plots/*.png        ranking, scatter grids by family, against the ratio, agreement, comparisons, ...
       → report.md          the same story with relative image links, readable as plain text
       → report.html        self-contained: images, script and data inline, nothing fetched
@@ -92,8 +95,10 @@ def _analysis(exp_dirs: list[Path], records: list[RunRecord], gap: str, min_trai
 def _write_tables(out_dir: Path, table: pd.DataFrame, analysis: Analysis, levels: pd.DataFrame) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     store.atomic_write_text(out_dir / "table.csv", table.to_csv(index=False))
-    store.atomic_write_text(out_dir / "correlations.csv", analysis.correlations.to_csv(index=False))
+    store.atomic_write_text(out_dir / "correlations.csv", analysis.all_rows().to_csv(index=False))
     store.atomic_write_text(out_dir / "comparisons.csv", analysis.comparisons.to_csv(index=False))
+    store.atomic_write_text(out_dir / "reference_bands.csv", analysis.reference_bands.to_csv(index=False))
+    store.atomic_write_text(out_dir / "environments.csv", analysis.environments.to_csv(index=False))
     if len(levels):
         store.atomic_write_text(out_dir / "correlations_by_level.csv", levels.to_csv(index=False))
     else:
@@ -323,9 +328,12 @@ def format_summary(summary: ReportSummary, analysis: Analysis | None = None) -> 
         for r in [header, *body]:
             cells = [r[c].ljust(widths[c]) if c in left else r[c].rjust(widths[c]) for c in range(len(r))]
             lines.append("  " + "  ".join(cells).rstrip())
-        lines.append("  p: permutation p-value of tau; ~best: not shown worse than the best (Holm, paired design "
-                     "bootstrap); n/c: cannot compare (fewer than 10 shared runs); ?: borderline (another --seed may "
-                     "give the other label); SE: Dziugaite sign error (mean, worst environment)")
+        for row in (analysis.references.to_dict(orient="records") if analysis is not None else []):
+            lines.append(f"  reference {row['measure']}: tau {ci_text(row, 'kendall_tau')}, Psi {num(row['psi'])}, "
+                         f"CMI {num(row['cmi'])}")
+        lines.append("  p: permutation p-value of tau; ~best: not shown worse than the best (Holm, paired two-way "
+                     "bootstrap); n/c: cannot compare (fewer than 10 shared runs or units); ?: borderline (another "
+                     "--seed may give the other label); SE: Dziugaite sign error (mean, worst environment)")
         if any(not v for v in corr["larger_is_sharper"]):
             lines.append("  (-) smaller value = sharper: negated, so tau > 0 always means 'tracks the gap'")
     else:

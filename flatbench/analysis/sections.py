@@ -156,8 +156,8 @@ def verdict_section(doc: Document, ctx: ReportContext) -> None:
     doc.add(Heading(2, "Verdict", "verdict"))
     models = verdict.models
     doc.add(Paragraph(
-        "One row per measure with a τ, highest τ first. τ: Kendall's τ-b with the gap, its 95% design-bootstrap "
-        f"interval from {MIN_CI_RUNS} runs on; p: its permutation p-value; vs best: Holm-adjusted paired comparison "
+        "One row per measure with a τ, highest τ first. τ: Kendall's τ-b with the gap, its 95% interval of the "
+        f"two-way cluster bootstrap from {MIN_CI_RUNS} runs on ({ctx.analysis.resampling or 'no resampling'}); p: its permutation p-value; vs best: Holm-adjusted paired comparison "
         "with the highest τ (its adjusted p). Invariance: the transformation families the measure declares itself "
         "invariant to, and what the rescaling audit measured: holds (|Δτ| ≤ 1e-12 in every draw), breaks "
         "(declared but τ moved), moves or unchanged (not declared); see the audit section."

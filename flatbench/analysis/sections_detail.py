@@ -41,15 +41,22 @@ def _ranking_text(ctx: ReportContext) -> str:
     alpha = corr.attrs.get("alpha", 0.05)
     min_ci = corr.attrs.get("min_ci_runs", 10)
     return (f"Correlation of each measure with the gap over the runs where it has a value (n). p: two-sided "
-            f"permutation p-value of Kendall τ (here: {'; '.join(methods) if methods else 'none'}). Intervals: 95% "
-            f"percentile intervals of the design bootstrap, {corr.attrs.get('n_boot', ctx.n_boot)} resamples (report "
-            f"seed {ctx.seed}): {ctx.analysis.resampling or 'no resampling'}; pairs of runs of one cell reweighted so "
-            "that every pair counts equally on average, and the resampled values spread by sqrt(m/(m − 1)) for cells "
-            f"of m runs (README, Statistics). Given only from {min_ci} runs on. vs best: the paired comparison of τ "
-            "with the best measure (same resamples, Wald test with the bootstrap standard error), Holm-adjusted over "
-            f"all the comparisons with the best (family-wise error {alpha:g}): worse, indistinguishable, or cannot "
-            f"compare (fewer than {min_ci} shared runs); (borderline): the adjusted p is within three Monte-Carlo "
-            f"errors of {alpha:g}, so another report seed may give the other label.")
+            f"permutation p-value of Kendall τ (here: {'; '.join(methods) if methods else 'none'}; it treats the runs "
+            "as exchangeable). Intervals: 95% percentile intervals of the two-way cluster bootstrap, "
+            f"{corr.attrs.get('n_boot', ctx.n_boot)} resamples (report seed {ctx.seed}); "
+            f"{ctx.analysis.resampling or 'no resampling'} (docs/statistics.md). Given only from {min_ci} runs and "
+            f"{min_ci} resampled units on. vs best: the paired comparison of τ with the best measure (same resamples, "
+            "Wald test with the bootstrap standard error), Holm-adjusted over all the comparisons with the best "
+            f"(family-wise error {alpha:g}): worse, indistinguishable (the data cannot tell them apart), or cannot "
+            f"compare; (borderline): the adjusted p is within three Monte-Carlo errors of {alpha:g}, so another "
+            "report seed may give the other label. The last rows are the references: `ref.random`, the mean over "
+            "pure-noise measures with its 95% band (the floor), and `ref.replicate_gap`, the mean gap of the other "
+            "replicates of the same configuration (the ceiling).")
+
+
+def _reference_records(ctx: ReportContext) -> list[dict[str, Any]]:
+    refs = ctx.analysis.references
+    return refs.to_dict(orient="records") if refs is not None and len(refs) else []
 
 
 def ranking_section(doc: Document, ctx: ReportContext) -> None:
@@ -61,13 +68,16 @@ def ranking_section(doc: Document, ctx: ReportContext) -> None:
     if not len(corr):
         doc.add(Paragraph("No measure values were found in these folders (run `flatbench measure` first)."))
         return
+    records = corr.to_dict(orient="records")
     rows = [[str(i), f"`{r['measure']}`", "larger" if r["larger_is_sharper"] else "smaller", str(r["n"]),
              ci_text(r, "kendall_tau"), p_text(r.get("kendall_p")), _vs_best_text(r), ci_text(r, "spearman_rho"),
-             ci_text(r, "pearson_r")] for i, r in enumerate(corr.to_dict(orient="records"), 1)]
+             ci_text(r, "pearson_r")] for i, r in enumerate(records, 1)]
+    rows += [["ref", f"`{r['measure']}`", "", str(r["n"]), ci_text(r, "kendall_tau"), p_text(r.get("kendall_p")),
+              "reference", ci_text(r, "spearman_rho"), ci_text(r, "pearson_r")] for r in _reference_records(ctx)]
     doc.add(Table(["#", "measure", "sharper when", "n", "Kendall τ [95% CI]", "p", "vs best (Holm p)",
                    "Spearman ρ [95% CI]", "Pearson r [95% CI]"], rows,
                   [True, False, False, True, True, True, False, True, True], sortable=True, compact=True))
-    notes = [f"`{r['measure']}`: {r['note']}" for r in corr.to_dict(orient="records") if r.get("note")]
+    notes = [f"`{r['measure']}`: {r['note']}" for r in records + _reference_records(ctx) if r.get("note")]
     if notes:
         doc.add(Paragraph("Notes:"))
         doc.add(Bullets(notes))
@@ -77,33 +87,45 @@ def ranking_section(doc: Document, ctx: ReportContext) -> None:
     design_section(doc, ctx)
 
 
+def _design_text(ctx: ReportContext) -> str:
+    analysis = ctx.analysis
+    return ("ψ per axis: the mean τ over the blocks of runs that share every other axis and the data draw (they "
+            "differ in that axis only). Ψ is their mean over the training axes "
+            f"({', '.join(f'`{a}`' for a in analysis.training_axes) or 'none'}), psi_data over the data axes "
+            f"({', '.join(f'`{a}`' for a in analysis.data_axes) or 'none'}). In brackets the p-value of each ψ from "
+            f"the two-way bootstrap of its block mean, Holm-adjusted over all {analysis.psi_family} ψ tests of the "
+            "study. CMI: the minimum over conditioning sets of at most two axes (never a replicate field) of Jiang "
+            f"et al.'s normalized conditional mutual information, given only when every cell holds at least "
+            f"{MIN_CMI_PAIRS} pairs of runs. Sign error: Dziugaite et al.'s, mean and worst over the environments with "
+            "at least 10 pairs whose gap difference exceeds the replicate noise (0.5 = chance; environments.csv "
+            "lists every environment).")
+
+
 def design_section(doc: Document, ctx: ReportContext) -> None:
-    """ψ per axis and Ψ; then CMI, Dziugaite et al.'s sign errors, seed pairs and the SE/spread."""
-    axes, records = ctx.analysis.axes, ctx.corr.to_dict(orient="records")
-    doc.add(Heading(3, "Within the design: granulated Kendall, CMI, sign errors, seed pairs"))
+    """ψ per axis, Ψ and psi_data; then CMI, Dziugaite et al.'s sign errors, replicate pairs and the SE/spread;
+    the reference rows last."""
+    axes = ctx.analysis.axes
+    records = ctx.corr.to_dict(orient="records") + _reference_records(ctx)
+    doc.add(Heading(3, "Within the design: granulated Kendall, CMI, sign errors, replicate pairs"))
     if axes:
-        doc.add(Paragraph(
-            "ψ per hyperparameter axis: the mean τ over the groups of runs that share every other hyperparameter and "
-            "the seed (they differ in that axis only); Ψ is their mean; in brackets the p-value of each ψ under "
-            "within-group permutations of the gap (the exact sign test when every group is a pair; one test per "
-            "axis, so compare it with 0.05 divided by the number of axes). CMI: the minimum over conditioning sets of "
-            "at most two hyperparameter axes (never the seed) of Jiang et al.'s normalized conditional mutual "
-            f"information, given only when every cell holds at least {MIN_CMI_PAIRS} pairs of runs. Sign error: "
-            "Dziugaite et al.'s, mean and worst over the environments (0.5 = chance)."))
-        doc.add(Details("ψ per hyperparameter axis and Ψ, per measure", [
-            Table(["measure", *[f"ψ `{a}`" for a in axes], "Ψ"],
-                  [[f"`{r['measure']}`", *[_with_p(r.get(f"psi_{a}"), r.get(f"p_psi_{a}")) for a in axes],
-                    num(r["psi"])] for r in records], [False, *[True] * (len(axes) + 1)], sortable=True,
-                  compact=True)]))
-    doc.add(Paragraph("Seed pairs: the share of pairs of runs that differ only in their seed whose measure difference "
-                      "has the gap's sign (0.5 = chance), with its exact sign test. SE/spread: a Monte-Carlo measure's "
-                      "median standard error over the standard deviation of its values."))
-    doc.add(Details("CMI, sign errors, seed pairs and SE/spread, per measure", [Table(
+        doc.add(Paragraph(_design_text(ctx)))
+        doc.add(Details("ψ per axis, Ψ and psi_data, per measure", [
+            Table(["measure", *[f"ψ `{a}`" for a in axes], "Ψ", "psi_data"],
+                  [[f"`{r['measure']}`", *[_with_p(r.get(f"psi_{a}"), r.get(f"p_psi_holm_{a}")
+                                                    if r.get("kind") != "reference" else r.get(f"p_psi_{a}"))
+                                           for a in axes], num(r["psi"]), num(r.get("psi_data"))] for r in records],
+                  [False, *[True] * (len(axes) + 2)], sortable=True, compact=True)]))
+    doc.add(Paragraph("Replicate pairs: the share of pairs of runs of one configuration (they differ only in their seed "
+                      "or data draw) whose measure difference has the gap's sign (0.5 = chance); its p-value only from "
+                      "5 data draws on (two-way bootstrap). SE/spread: a Monte-Carlo measure's median standard error "
+                      "over the standard deviation of its values."))
+    doc.add(Details("CMI, sign errors, replicate pairs and SE/spread, per measure", [Table(
                   ["measure", "CMI", "CMI attained at", "CMI min pairs", "sign error mean", "sign error worst",
-                   "environments", "seed pairs ordered", "seed pairs", "SE/spread"],
+                   "environments (not averaged)", "replicate pairs ordered", "replicate pairs", "SE/spread"],
                   [[f"`{r['measure']}`", num(r["cmi"]), f"`{r['cmi_condition']}`" if r["cmi_condition"] else "n/a",
                     num(r.get("cmi_min_pairs"), 0), num(r.get("sign_error_mean")), num(r.get("sign_error_worst")),
-                    str(r.get("n_environments", 0)), _with_p(r.get("seed_pairs_concordant"), r.get("seed_pairs_p")),
+                    f"{r.get('n_environments', 0)} ({r.get('n_environments_small', 0)})",
+                    _with_p(r.get("seed_pairs_concordant"), r.get("seed_pairs_p")),
                     str(r.get("n_seed_pairs", 0)), num(r.get("se_ratio"))] for r in records],
                   [False, True, False, True, True, True, True, True, True, True], sortable=True, compact=True)]))
 

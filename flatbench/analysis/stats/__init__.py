@@ -1,17 +1,29 @@
 """The statistics of a report, one module per family:
 
-    kernels.py  τ-b / ρ / r batched over explicit resamples and over bootstrap weights; the permutation
-                p-value of τ (enumerated, scipy's exact null, or Monte Carlo); bootstrap p-values
-    design.py   hyperparameter axes (never `seed`), cells, bootstrap strata and resampling weights
-    compare.py  paired comparisons of measures, Holm's procedure, the best group
-    jiang.py    Jiang et al.'s granulated Kendall Ψ (one ψ per hyperparameter axis) and CMI score
-    psi_test.py the within-group permutation test of each ψ (exact sign test for pairs)
-    robust.py   Dziugaite et al.'s sign errors per environment; the ordering of seed replicates (sign test)
-    core.py     exclusions, directions and `analyze`, which puts all of it in one table
+    kernels.py        τ-b / ρ / r batched over explicit resamples and over bootstrap weights; the
+                      permutation p-value of τ (enumerated, scipy's exact null, or Monte Carlo); bootstrap p
+    design.py         configurations (cells), data draws, training and data axes (never a replicate field)
+    bootstrap.py      the two-way cluster bootstrap of configurations × data draws (Owen's pigeonhole)
+    compare.py        paired comparisons of measures, Holm's procedure, the best group
+    jiang.py          Jiang et al.'s ψ per axis (its blocks), Ψ, psi_data and CMI score
+    psi_inference.py  the two-way bootstrap test of each ψ, Holm over every ψ test of a study
+    robust.py         Dziugaite et al.'s sign errors with their noise filter; replicate-pair concordance
+    plan.py           the measure-independent structures of one set of runs; every point statistic, batched
+    rows.py           one row of correlations.csv: point statistics and their inference
+    references.py     the floor (`ref.random`) and the ceiling (`ref.replicate_gap`) rows
+    core.py           exclusions, directions and `analyze`, which puts all of it in one table
 
 Everything a caller needs is importable from `flatbench.analysis.stats`.
 """
 
+from flatbench.analysis.stats.bootstrap import (
+    MIN_DRAWS,
+    MIN_UNITS,
+    TwoWay,
+    multinomial_counts,
+    two_way_bootstrap,
+    two_way_weights,
+)
 from flatbench.analysis.stats.compare import (
     ALPHA,
     COMPARISON_COLUMNS,
@@ -26,7 +38,6 @@ from flatbench.analysis.stats.compare import (
 )
 from flatbench.analysis.stats.core import (
     N_BOOT,
-    SE_NOTE_RATIO,
     Analysis,
     agreement_matrix,
     analyze,
@@ -38,19 +49,22 @@ from flatbench.analysis.stats.core import (
 )
 from flatbench.analysis.stats.design import (
     REPLICATE_AXES,
-    Bootstrap,
     Design,
-    Strata,
     axis_codes,
     axis_text,
-    design_bootstrap,
     design_of,
-    pair_weights,
-    resample_weights,
-    spread_factor,
-    strata_of,
+    draw_labels,
+    is_data_axis,
 )
-from flatbench.analysis.stats.jiang import MIN_CMI_PAIRS, CMIResult, conditional_mi, granulated_kendall
+from flatbench.analysis.stats.jiang import (
+    MIN_CMI_PAIRS,
+    CMIResult,
+    PsiBlocks,
+    cmi_plan,
+    conditional_mi,
+    granulated_kendall,
+    psi_blocks,
+)
 from flatbench.analysis.stats.kernels import (
     N_PERM,
     STATISTICS,
@@ -68,7 +82,21 @@ from flatbench.analysis.stats.kernels import (
     weighted_pearson,
     weighted_spearman,
 )
-from flatbench.analysis.stats.psi_test import N_PSI_PERM, psi_pvalue, psi_pvalues
-from flatbench.analysis.stats.robust import SignErrors, seed_pairs, seed_pairs_pvalue, sign_errors
+from flatbench.analysis.stats.plan import DesignPlan, Point, design_plan, point_statistics
+from flatbench.analysis.stats.psi_inference import holm_family, psi_pvalues, psi_resampled, psi_untestable
+from flatbench.analysis.stats.references import N_RANDOM, RANDOM, REPLICATE_GAP, replicate_gap
+from flatbench.analysis.stats.robust import (
+    MIN_ENV_PAIRS,
+    NOISE_Z,
+    SignErrors,
+    environment_plan,
+    pair_weight,
+    replicate_pairs,
+    replicate_pvalue,
+    replicate_sd,
+    seed_pairs,
+    sign_errors,
+)
+from flatbench.analysis.stats.rows import SE_NOTE_RATIO
 
 __all__ = [name for name in dir() if not name.startswith("_")]

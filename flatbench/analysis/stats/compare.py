@@ -1,9 +1,9 @@
 """Is measure A better than measure B here, and which measures cannot be told apart from the best one?
 
 Paired comparisons (`paired_comparisons`): for measures A and B over the runs where both have a value,
-d = τ_A − τ_B (Kendall τ-b with the gap). The runs are resampled within the design (`design.strata_of`,
-`design.design_bootstrap`: the same weights for A and B, so the strong correlation between two τ's that
-share the gap and most of the ranking is kept; d* spread about d by the design's λ). From the resampled d*:
+d = τ_A − τ_B (Kendall τ-b with the gap). The configurations and data draws are resampled by the two-way
+cluster bootstrap (`bootstrap.two_way_bootstrap`), with the same weights for A and B, so the strong
+correlation between two τ's that share the gap and most of the ranking is kept. From the resampled d*:
 
 * `diff_lo`, `diff_hi`: the percentile interval;
 * `diff_se`: the bootstrap standard error sd(d*);
@@ -20,7 +20,9 @@ a τ is compared with it; the k comparisons that have a p-value form one family,
 procedure (Holm 1979) controls the probability of calling any measure worse when it is not at
 α = `ALPHA`. Labels: "best"; "worse" (Holm-adjusted p ≤ α and τ below the best's); "better on shared runs"
 (rejected the other way, only possible when the two have values on different runs); "indistinguishable"
-(not rejected); "cannot compare" (fewer than `MIN_CI_RUNS` shared runs, or the resamples never move d).
+(not rejected: the data cannot tell them apart, which is not evidence that they are equal); "cannot
+compare" (fewer than `MIN_CI_RUNS` shared runs, fewer than `bootstrap.MIN_UNITS` resampled units, or
+resamples that never move d).
 The Monte-Carlo error of each adjusted p is estimated from `N_BATCHES` disjoint batches of the resamples
 (the whole procedure rerun on each); a label whose adjusted p lies within `BORDERLINE_SE` of those errors
 of α is marked borderline (another report seed may give the other label). Known limit: the reference
@@ -38,8 +40,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
-from flatbench.analysis.stats.design import Bootstrap, design_bootstrap
-from flatbench.analysis.stats.kernels import bootstrap_pvalue, kendall_batch, kendall_parts
+from flatbench.analysis.stats.bootstrap import MIN_UNITS, TwoWay, two_way_bootstrap
+from flatbench.analysis.stats.kernels import bootstrap_pvalue, kendall_batch, tau_from_parts
 
 MIN_RUNS = 3
 MIN_CI_RUNS = 10
@@ -85,16 +87,16 @@ def wald_p(diff: float, resampled: np.ndarray) -> tuple[float, float]:
 
 
 class Resamples:
-    """τ of every measure over a subset of runs and on the design bootstrap's resamples of that subset,
+    """τ of every measure over a subset of runs and on the two-way bootstrap's resamples of that subset,
     computed once per (measure, subset) and shared by every comparison (the same weights for every measure
-    on the same subset: the weights depend only on the subset's cells, the number of resamples and the
+    on the same subset: they depend only on the subset's cells and draws, the number of resamples and the
     seed)."""
 
-    def __init__(self, data: Mapping[str, np.ndarray], gap: np.ndarray, cells: np.ndarray, n_boot: int,
-                 seed: int):
-        self.data, self.gap, self.cells = data, gap, cells
+    def __init__(self, data: Mapping[str, np.ndarray], gap: np.ndarray, cells: np.ndarray, draws: np.ndarray,
+                 n_boot: int, seed: int):
+        self.data, self.gap, self.cells, self.draws = data, gap, cells, draws
         self.n_boot, self.seed = n_boot, seed
-        self._designs: dict[bytes, Bootstrap] = {}
+        self._designs: dict[bytes, TwoWay] = {}
         self._points: dict[tuple[str, bytes], float] = {}
         self._boots: dict[tuple[str, bytes], np.ndarray] = {}
 
@@ -104,11 +106,16 @@ class Resamples:
             ok &= np.isfinite(self.data[m])
         return ok
 
-    def bootstrap(self, mask: np.ndarray) -> Bootstrap:
+    def bootstrap(self, mask: np.ndarray) -> TwoWay:
         key = mask.tobytes()
         if key not in self._designs:
-            self._designs[key] = design_bootstrap(self.cells[mask], self.n_boot, self.seed)
+            self._designs[key] = two_way_bootstrap(self.cells[mask], self.draws[mask], self.n_boot, self.seed)
         return self._designs[key]
+
+    def comparable(self, mask: np.ndarray, min_ci_runs: int = MIN_CI_RUNS) -> bool:
+        """Enough shared runs and resampled units for an interval or a comparison on these runs."""
+        return (int(mask.sum()) >= max(min_ci_runs, 2) and self.n_boot > 0
+                and self.bootstrap(mask).n_units >= MIN_UNITS)
 
     def tau(self, m: str, mask: np.ndarray) -> float:
         key = (m, mask.tobytes())
@@ -119,25 +126,26 @@ class Resamples:
         return self._points[key]
 
     def boot(self, m: str, mask: np.ndarray) -> np.ndarray:
-        """τ* of measure m on the resamples of the runs in `mask` (before the spread correction)."""
+        """τ* of measure m on the resamples of the runs in `mask`, over pairs of distinct copies
+        (`bootstrap`: pairs of copies)."""
         key = (m, mask.tobytes())
         if key not in self._boots:
             design = self.bootstrap(mask)
             g = self.gap[mask]
+            sy = np.sign(g[:, None] - g[None, :])
             if "gap_untied" not in design.cache:
-                design.cache["gap_untied"] = 0.5 * np.einsum("bi,bi->b", design.weights @ (np.abs(np.sign(
-                    g[:, None] - g[None, :])) * design.pairs), design.weights)
-            num, dx, _ = kendall_parts(self.data[m][mask], g, design.weights, design.pairs, skip_y=True)
-            dy = design.cache["gap_untied"]
-            ok = (dx > 0) & (dy > 0)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                self._boots[key] = np.where(ok, num / np.sqrt(np.where(ok, dx * dy, 1.0)), np.nan)
+                design.cache["gap_untied"] = design.pair_sums(np.abs(sy))
+            x = self.data[m][mask]
+            sx = np.sign(x[:, None] - x[None, :])
+            if "all_pairs" not in design.cache:
+                design.cache["all_pairs"] = design.pair_sums(np.ones_like(sx))
+            dx = design.pair_sums(np.abs(sx)) if (sx == 0).sum() > len(x) else design.cache["all_pairs"]
+            self._boots[key] = tau_from_parts(design.pair_sums(sx * sy), dx, design.cache["gap_untied"])
         return self._boots[key]
 
     def diff_boot(self, a: str, b: str, mask: np.ndarray) -> np.ndarray:
-        """d* = τ*_a − τ*_b spread about d = τ_a − τ_b by the design's λ (see `design`)."""
-        diff = self.tau(a, mask) - self.tau(b, mask)
-        return self.bootstrap(mask).rescale(diff, self.boot(a, mask) - self.boot(b, mask), clip=2.0)
+        """d* = τ*_a − τ*_b on the same resamples."""
+        return self.boot(a, mask) - self.boot(b, mask)
 
 
 def oriented_data(frame: pd.DataFrame, measures: list[str],
@@ -154,18 +162,22 @@ def oriented_data(frame: pd.DataFrame, measures: list[str],
 def paired_comparisons(frame: pd.DataFrame, measures: list[str], gap_column: str,
                        larger_is_sharper: Mapping[str, bool] | None = None, n_boot: int = 10_000,
                        seed: int = 0, level: float = CI_LEVEL, min_ci_runs: int = MIN_CI_RUNS,
-                       cells: np.ndarray | None = None, resamples: Resamples | None = None) -> pd.DataFrame:
-    """Every ordered pair (A, B), A ≠ B, in the order of `measures` (module doc). `cells` are the runs'
-    design cells (default: all runs in one stratum, the plain bootstrap). The (B, A) row mirrors (A, B).
+                       cells: np.ndarray | None = None, draws: np.ndarray | None = None,
+                       resamples: Resamples | None = None) -> pd.DataFrame:
+    """Every ordered pair (A, B), A ≠ B, in the order of `measures` (module doc). `cells` and `draws` are
+    the runs' configurations and data draws (default: every run its own configuration, one draw: the
+    plain bootstrap of the runs). The (B, A) row mirrors (A, B).
 
-    Fewer than MIN_RUNS shared runs or a constant measure: diff NaN. Fewer than `min_ci_runs` shared runs,
-    n_boot ≤ 0, or fewer than ten defined resamples: diff is given, interval and p-values are NaN.
+    Fewer than MIN_RUNS shared runs or a constant measure: diff NaN. Fewer than `min_ci_runs` shared runs
+    or `bootstrap.MIN_UNITS` resampled units, n_boot ≤ 0, or fewer than ten defined resamples: diff is
+    given, interval and p-values are NaN.
     """
     nrows = len(frame)
     gap = frame[gap_column].to_numpy(dtype=float) if nrows else np.zeros(0)
     if resamples is None:
-        cells = np.zeros(nrows, dtype=np.int64) if cells is None else np.asarray(cells)
-        resamples = Resamples(oriented_data(frame, measures, larger_is_sharper), gap, cells, n_boot, seed)
+        cells = np.arange(nrows, dtype=np.int64) if cells is None else np.asarray(cells)
+        draws = np.zeros(nrows, dtype=np.int64) if draws is None else np.asarray(draws)
+        resamples = Resamples(oriented_data(frame, measures, larger_is_sharper), gap, cells, draws, n_boot, seed)
     alpha = (1.0 - level) / 2.0
     rows = []
     done: dict[tuple[str, str], dict] = {}
@@ -180,7 +192,7 @@ def paired_comparisons(frame: pd.DataFrame, measures: list[str], gap_column: str
         ta, tb = resamples.tau(a, mask), resamples.tau(b, mask)
         diff = ta - tb
         lo = hi = se = p = pb = math.nan
-        if math.isfinite(diff) and n >= max(min_ci_runs, 2) and resamples.n_boot > 0:
+        if math.isfinite(diff) and resamples.comparable(mask, min_ci_runs):
             d = resamples.diff_boot(a, b, mask)
             d = d[np.isfinite(d)]
             if len(d) >= 10:
@@ -218,7 +230,7 @@ def best_group(measures: list[str], taus: np.ndarray, resamples: Resamples, alph
         m = measures[i]
         mask = resamples.mask(best, m)
         diff = resamples.tau(best, mask) - resamples.tau(m, mask)
-        if int(mask.sum()) < min_ci_runs or resamples.n_boot <= 0 or not math.isfinite(diff):
+        if not resamples.comparable(mask, min_ci_runs) or not math.isfinite(diff):
             out.at[i, "vs_best"] = "cannot compare"
             continue
         d = resamples.diff_boot(best, m, mask)

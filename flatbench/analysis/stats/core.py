@@ -4,13 +4,17 @@
 runs where it has a value (oriented so that a positive number always means "tracks the gap": a measure
 whose measures.json entry says `larger_is_sharper=False` is negated first):
 
-* Kendall τ-b, Spearman ρ and Pearson r, with 95% percentile intervals of the design bootstrap (10,000
-  resamples within the cells of the hyperparameter axes, `design`), only from `MIN_CI_RUNS` runs on;
+* Kendall τ-b, Spearman ρ and Pearson r, with 95% percentile intervals of the two-way cluster bootstrap
+  (10,000 resamples of the configurations and, from `bootstrap.MIN_DRAWS` draws on, the data draws;
+  `bootstrap`), only from `MIN_CI_RUNS` runs and `bootstrap.MIN_UNITS` resampled units on;
 * `kendall_p`: the permutation p-value of τ and its method (`kernels.kendall_permutation_pvalues`);
 * the best group: Holm-adjusted paired comparisons with the top measure (`compare`);
-* Jiang et al.'s Ψ with one ψ per hyperparameter axis and their CMI score (`jiang`);
-* Dziugaite et al.'s sign errors over environments and the seed-pair concordance (`robust`);
-* Monte-Carlo standard errors of the measures (`se_median`, `se_ratio`).
+* Jiang et al.'s ψ per axis, Ψ over the training axes, psi_data over the data axes, and their CMI score
+  (`jiang`); each ψ's p-value from the two-way bootstrap of its block mean, Holm-adjusted over every ψ
+  test of the study (`psi_inference`);
+* Dziugaite et al.'s sign errors with their noise filter, and the replicate-pair concordance (`robust`);
+* Monte-Carlo standard errors of the measures (`se_median`, `se_ratio`);
+* two reference rows, `ref.random` (the floor) and `ref.replicate_gap` (the ceiling) (`references`).
 
 Exclusions: runs that are not finished, have a train accuracy below `min_train_acc`, or a non-finite
 loss or gap are left out of every statistic and returned with a reason, never silently dropped.
@@ -22,11 +26,11 @@ import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from flatbench.analysis.stats.bootstrap import MIN_UNITS, two_way_bootstrap
 from flatbench.analysis.stats.compare import (
     ALPHA,
     COMPARISON_COLUMNS,
@@ -38,37 +42,32 @@ from flatbench.analysis.stats.compare import (
     paired_comparisons,
     usable,
 )
-from flatbench.analysis.stats.design import Design, design_of, strata_of
-from flatbench.analysis.stats.jiang import conditional_mi, granulated_kendall
-from flatbench.analysis.stats.kernels import (
-    N_PERM,
-    STATISTICS,
-    WEIGHTED,
-    kendall_batch,
-    weighted_ranks,
-    kendall_permutation_pvalues,
-    permutation_method,
-    weighted_spearman,
+from flatbench.analysis.stats.design import Design, design_of
+from flatbench.analysis.stats.plan import DesignPlan
+from flatbench.analysis.stats.kernels import N_PERM, kendall_batch, kendall_permutation_pvalues, permutation_method
+from flatbench.analysis.stats.psi_inference import holm_family, psi_untestable
+from flatbench.analysis.stats.references import (
+    BAND_COLUMNS,
+    REPLICATE_GAP,
+    random_reference,
+    replicate_gap,
+    replicate_gap_row,
 )
-from flatbench.analysis.stats.psi_test import psi_pvalues
-from flatbench.analysis.stats.robust import seed_pairs, seed_pairs_pvalue, sign_errors
+from flatbench.analysis.stats.robust import ENV_COLUMNS, MIN_ENV_PAIRS, NOISE_Z, replicate_sd
+from flatbench.analysis.stats.rows import RowContext, correlation_columns, measure_row, psi_tests
 from flatbench.analysis.table import headline_columns, stderr_columns, sweep_axes, to_float
 from flatbench.store import gap_column
 
 CI_LEVEL = 0.95
 N_BOOT = 10_000
-"""Design-bootstrap resamples for every interval and paired comparison (the report's default)."""
-SE_NOTE_RATIO = 0.5
-"""A measure whose median Monte-Carlo standard error is at least this fraction of its between-run standard
-deviation gets a note. At 0.5 the noise variance is a quarter of the observed variance (reliability
-≈ 0.75), which by Spearman's attenuation formula shrinks a correlation by a factor of about
-√0.75 ≈ 0.87: enough to reorder measures whose τ differ by less than that."""
+"""Two-way bootstrap resamples for every interval, paired comparison and ψ test (the report's default)."""
 _MIN_CI_DOC = """Why no interval below 10 runs. A bootstrap resample of n runs holds on average only
 n(1 − (1 − 1/n)^n) ≈ 0.63·n distinct runs (3.4 at n = 5), so for small n the bootstrap distribution of τ
 is a handful of atoms, and a perfectly ordered sample gives [1, 1] however weak the evidence. Percentile
 intervals of correlation coefficients undercover in small samples (Hall, Martin & Schucany 1989), and
 n = 10 is the smallest sample Long & Cliff (1997) studied. Below 10 runs the permutation p-value, which
-is exact there, is the honest summary."""
+is exact there, is the honest summary. The same holds for the units of the cluster bootstrap
+(`bootstrap.MIN_UNITS`)."""
 
 
 # --------------------------------------------------------------------------------------------- direction
@@ -127,20 +126,42 @@ class Analysis:
     excluded: pd.DataFrame
     """run_id, experiment, status, reason of every run left out."""
     axes: list[str]
-    """Hyperparameter axes that vary among the included runs (never `seed`)."""
+    """Axes that vary among the included runs (never a replicate field), training and data axes."""
     gap: str
     gap_column: str
     larger_is_sharper: dict[str, bool]
     notes: list[str] = field(default_factory=list)
     comparisons: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COMPARISON_COLUMNS))
-    """Every ordered pair of measures: τ_a − τ_b with its design-bootstrap interval and p-values (see
+    """Every ordered pair of measures: τ_a − τ_b with its two-way bootstrap interval and p-values (see
     `compare.paired_comparisons`), measures in ranking order."""
     environments: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """measure, axis, environment, n_pairs, sign_error: Dziugaite et al.'s environments (`robust`)."""
+    """measure, axis, environment, n_pairs, ess, sign_error, averaged: Dziugaite et al.'s environments
+    (`robust`), for the measures and the references."""
     design: Design | None = None
     resampling: str = ""
-    """How the bootstrap resampled (the strata of the design, or the fallback), one sentence."""
+    """The unit of resampling, one sentence ("resampled: the 64 configurations (cluster bootstrap),
+    conditional on these 2 data draws: no replicate-level test is possible")."""
     replicate: str | None = None
+    references: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The rows `ref.random` and `ref.replicate_gap` (`references`), with the columns of `correlations`."""
+    reference_bands: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BAND_COLUMNS))
+    """statistic, mean, q025, q975: the random reference's 95% band of every statistic."""
+    psi_family: int = 0
+    """How many ψ tests Holm's procedure adjusted together (measures × axes with a p-value)."""
+
+    @property
+    def training_axes(self) -> list[str]:
+        return self.design.training_axes if self.design is not None else []
+
+    @property
+    def data_axes(self) -> list[str]:
+        return self.design.data_axes if self.design is not None else []
+
+    def all_rows(self) -> pd.DataFrame:
+        """correlations.csv: the measures (best τ first), then the references."""
+        if not len(self.references):
+            return self.correlations
+        return pd.concat([self.correlations, self.references], ignore_index=True)
 
 
 def analyze(table: pd.DataFrame, gap: str = "acc", min_train_acc: float = 0.0, n_boot: int = N_BOOT,
@@ -148,61 +169,89 @@ def analyze(table: pd.DataFrame, gap: str = "acc", min_train_acc: float = 0.0, n
     """Exclusions, then every statistic for every headline measure (see the module doc).
 
     Columns of `Analysis.correlations`, one row per headline measure, best Kendall τ first (ties by name):
-    measure, larger_is_sharper, n, n_missing; for τ, ρ and r the value with `_lo`/`_hi` (NaN below
-    MIN_CI_RUNS runs); kendall_p and kendall_p_method ("enumerated", "exact", "monte carlo"); vs_best,
-    vs_best_p (Wald p of τ_best − τ_m), vs_best_p_holm (Holm-adjusted), vs_best_mcse (its Monte-Carlo
-    error), vs_best_borderline; se_median, se_ratio; psi and one psi_<axis> per hyperparameter axis, then one
-    p_psi_<axis> (the within-group permutation p-value of that ψ, `psi_test`); cmi, cmi_condition,
-    cmi_min_pairs; sign_error_mean, sign_error_worst, n_environments; seed_pairs_concordant, n_seed_pairs,
-    seed_pairs_p (exact sign test); note.
+    measure, kind ("measure"; "reference" in `Analysis.references`), larger_is_sharper, n, n_missing; for
+    τ, ρ and r the value with `_lo`/`_hi` (NaN below MIN_CI_RUNS runs or MIN_UNITS units); kendall_p and
+    kendall_p_method ("enumerated", "exact", "monte carlo"); vs_best, vs_best_p (Wald p of τ_best − τ_m),
+    vs_best_p_holm (Holm-adjusted), vs_best_mcse (its Monte-Carlo error), vs_best_borderline; se_median,
+    se_ratio; psi (over the training axes), psi_data (over the data axes), one psi_<axis> per axis, one
+    p_psi_<axis> (its two-way bootstrap p-value) and p_psi_holm_<axis> (Holm over every ψ test of the
+    study); cmi, cmi_condition, cmi_min_pairs; sign_error_mean, sign_error_worst (over the environments
+    with at least 10 pairs above the noise), n_environments (those), n_environments_small (the others);
+    seed_pairs_concordant, n_seed_pairs, seed_pairs_p (two-way bootstrap, from 5 draws on); note.
 
-    `axes`: the study's sweep axes (default: the table's); `seed` among them is read as the replicate.
-    `full=False` computes only τ/ρ/r, their intervals and p (the per-level tables).
+    `axes`: the study's sweep axes (default: the table's); replicate fields among them are replicates.
+    `full=False` computes only τ/ρ/r, their intervals and p (the per-level tables), and no reference.
     """
     gcol = gap_column(gap)
     notes: list[str] = []
     measures = headline_columns(table)
-    se_cols = stderr_columns(table)
     sweep = list(axes) if axes is not None else sweep_axes(table)
-    if "seed" in table.columns and "seed" not in sweep:
-        sweep = [*sweep, "seed"]
     included, excluded = _split_runs(table, gap, min_train_acc)
     design = design_of(included, sweep)
-    used_axes = design.axes
     flip = directions(measures, notes, table.attrs.get("directions"))
-    strata = strata_of(design.cells)
-    resampling = strata.description
-    notes += _size_notes(len(included), used_axes, strata, full)
-
     gap_values = included[gcol].to_numpy(dtype=float) if len(included) else np.zeros(0)
     data = oriented_data(included, measures, flip)
-    p_values, p_methods = _permutation_pvalues(data, measures, gap_values, n_perm, seed)
-    resamples = Resamples(data, gap_values, design.cells, n_boot, seed)
+    if full:
+        data[REPLICATE_GAP] = replicate_gap(gap_values, design.cells)
+    resamples = Resamples(data, gap_values, design.cells, design.draws, n_boot, seed)
+    ctx = RowContext(included, gap_values, design, resamples, replicate_sd(gap_values, design.cells), full,
+                     stderr_columns(table), _permutation_pvalues(data, list(data), gap_values, n_perm, seed))
+    boot = two_way_bootstrap(design.cells, design.draws, 0, seed)
+    notes += _size_notes(len(included), design, boot.description, boot.n_units, full)
     rows, environments = [], []
     for key in measures:
-        row, envs = _measure_row(key, data[key], included, gap_values, design, flip[key], n_boot, seed,
-                                 p_values.get(key, math.nan), p_methods.get(key, ""), se_cols.get(key),
-                                 resamples, full)
+        row, envs = measure_row(ctx, key, data[key], flip[key])
         rows.append(row)
         if envs is not None and len(envs):
             environments.append(envs.assign(measure=key))
-    corr = pd.DataFrame(rows, columns=_correlation_columns(used_axes))
+    if full:
+        psi_tests(ctx, rows)
+    corr = pd.DataFrame(rows, columns=correlation_columns(design.axes))
     if len(corr):
         corr = corr.sort_values(["kendall_tau", "measure"], ascending=[False, True], na_position="last",
                                 kind="mergesort").reset_index(drop=True)
-    comparisons = pd.DataFrame(columns=COMPARISON_COLUMNS)
+    out = Analysis(correlations=corr, included=included, excluded=excluded, axes=design.axes, gap=gap,
+                   gap_column=gcol, larger_is_sharper=flip, notes=notes, design=design,
+                   resampling=boot.description, replicate=design.replicate)
     if full:
-        comparisons = _compare_with_best(corr, included, gcol, flip, resamples, notes)
+        out.comparisons = _compare_with_best(corr, included, gcol, flip, resamples, notes)
+        out.psi_family = _holm_psi(corr, design.axes)
+        notes += _design_notes(ctx, out.psi_family, len(included) >= MIN_RUNS)
+        out.references, out.reference_bands, envs = _references(ctx, len(included) >= MIN_RUNS)
+        environments += envs
     corr["vs_best_borderline"] = corr["vs_best_borderline"].fillna(False).astype(bool)
-    corr.attrs.update({"gap": gap, "gap_column": gcol, "axes": list(used_axes), "notes": list(notes),
+    corr.attrs.update({"gap": gap, "gap_column": gcol, "axes": list(design.axes), "notes": list(notes),
                        "excluded": excluded.to_dict(orient="records"), "n_included": len(included),
                        "min_ci_runs": MIN_CI_RUNS, "n_perm": n_perm, "n_boot": n_boot, "seed": seed,
-                       "resampling": resampling, "replicate": design.replicate, "alpha": ALPHA})
-    env_frame = (pd.concat(environments, ignore_index=True) if environments
-                 else pd.DataFrame(columns=["axis", "environment", "n_pairs", "sign_error", "measure"]))
-    return Analysis(correlations=corr, included=included, excluded=excluded, axes=used_axes, gap=gap,
-                    gap_column=gcol, larger_is_sharper=flip, notes=notes, comparisons=comparisons,
-                    environments=env_frame, design=design, resampling=resampling, replicate=design.replicate)
+                       "resampling": boot.description, "replicate": design.replicate, "alpha": ALPHA,
+                       "n_draws": design.n_draws, "n_cells": design.n_cells, "psi_family": out.psi_family})
+    out.environments = (pd.concat(environments, ignore_index=True) if environments
+                        else pd.DataFrame(columns=[*ENV_COLUMNS, "measure"]))
+    return out
+
+
+def _references(ctx: RowContext, enough: bool) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]:
+    """The reference rows, the random reference's bands and the references' environments."""
+    if not enough:
+        return pd.DataFrame(columns=correlation_columns(ctx.design.axes)), pd.DataFrame(columns=BAND_COLUMNS), []
+    ceiling, envs = replicate_gap_row(ctx)
+    psi_tests(ctx, [ceiling])
+    floor, bands = random_reference(ctx)
+    refs = pd.DataFrame([floor, ceiling], columns=correlation_columns(ctx.design.axes))
+    refs["vs_best_borderline"] = False
+    environments = [envs.assign(measure=REPLICATE_GAP)] if envs is not None and len(envs) else []
+    return refs, bands, environments
+
+
+def _holm_psi(corr: pd.DataFrame, axes: list[str]) -> int:
+    """Fill p_psi_holm_<axis> of the measure rows (Holm over all their ψ tests together); the family size."""
+    if not axes or not len(corr):
+        return 0
+    cols = [f"p_psi_{a}" for a in axes]
+    adjusted, size = holm_family(corr[cols].to_numpy(dtype=float))
+    for k, axis in enumerate(axes):
+        corr[f"p_psi_holm_{axis}"] = adjusted[:, k]
+    return size
 
 
 def _split_runs(table: pd.DataFrame, gap: str, min_train_acc: float) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -217,35 +266,67 @@ def _split_runs(table: pd.DataFrame, gap: str, min_train_acc: float) -> tuple[pd
     return table[keep], excluded
 
 
-def _size_notes(n: int, used_axes: list[str], strata: Any, full: bool) -> list[str]:
+def _size_notes(n: int, design: Design, resampling: str, units: int, full: bool) -> list[str]:
     """What the number of runs and the design rule out, said once for the whole table."""
     notes = []
     if n < MIN_RUNS:
         notes.append(f"correlations need at least {MIN_RUNS} trained runs; {n} {'is' if n == 1 else 'are'} "
                      "available")
-    elif n < MIN_CI_RUNS:
+        return notes
+    if n < MIN_CI_RUNS:
         notes.append(f"{n} runs: with fewer than {MIN_CI_RUNS} runs no bootstrap interval is given (it would be "
                      "unreliable and often collapses to a point) and no measure can be compared with the best "
                      "(\"cannot compare\"); judge each τ by its permutation p-value")
-    if full and n >= MIN_RUNS:
-        if not used_axes:
-            notes.append("no hyperparameter axis varies (the seed is a replicate, not an axis): Ψ, CMI and the "
-                         "sign errors are not defined")
-        if strata.scheme != "cells" and n >= MIN_CI_RUNS:
-            notes.append(f"bootstrap: {strata.description}")
+    notes.append(resampling)
+    if n >= MIN_CI_RUNS and units < MIN_UNITS:
+        notes.append(f"only {units} independent unit(s) to resample (fewer than {MIN_UNITS}): no interval and no "
+                     "comparison with the best (a percentile bootstrap over so few clusters is far too liberal)")
+    if design.n_cells < n and n >= MIN_RUNS:
+        notes.append("the permutation p-value of τ treats the runs as exchangeable; runs that share a data draw "
+                     "or a configuration are not, so it is optimistic: read τ's interval")
+    if full and not design.axes:
+        notes.append("no axis varies (seeds and data seeds are replicates, not axes): Ψ, CMI and the sign errors "
+                     "are not defined")
     return notes
 
 
-def _correlation_columns(used_axes: list[str]) -> list[str]:
-    """The columns of correlations.csv, in order (`analyze`'s docstring says what each holds)."""
-    columns = ["measure", "larger_is_sharper", "n", "n_missing"]
-    for stat in STATISTICS:
-        columns += [stat, f"{stat}_lo", f"{stat}_hi"]
-    return columns + ["kendall_p", "kendall_p_method", "vs_best", "vs_best_p", "vs_best_p_holm", "vs_best_mcse",
-                      "vs_best_borderline", "se_median", "se_ratio", "psi", *[f"psi_{a}" for a in used_axes],
-                      *[f"p_psi_{a}" for a in used_axes], "cmi", "cmi_condition", "cmi_min_pairs",
-                      "sign_error_mean", "sign_error_worst", "n_environments", "seed_pairs_concordant",
-                      "n_seed_pairs", "seed_pairs_p", "note"]
+def _design_notes(ctx: RowContext, psi_family: int, enough: bool) -> list[str]:
+    """The ψ tests' family and their limits, the noise filter of the sign errors, the references."""
+    design = ctx.design
+    if not enough or not design.axes:
+        return []
+    notes = []
+    plan = ctx.plan(np.isfinite(ctx.gap))
+    untested = [f"{a} ({why})" for a, b in plan.psi.items() if (why := psi_untestable(b))]
+    if psi_family:
+        notes.append(f"ψ p-values: two-way bootstrap of the block mean, Holm-adjusted over all {psi_family} ψ tests "
+                     f"of this study (measures × axes; p_psi_holm_<axis>)" + (f"; no test for {'; '.join(untested)}"
+                                                                              if untested else ""))
+    elif untested:
+        notes.append(f"no ψ test is possible: {'; '.join(untested)}")
+    if design.data_axes:
+        notes.append(f"Ψ averages the training axes ({', '.join(design.training_axes) or 'none'}); psi_data the "
+                     f"data axes ({', '.join(design.data_axes)})")
+    notes += _sign_error_notes(ctx, plan)
+    return notes
+
+
+def _sign_error_notes(ctx: RowContext, plan: DesignPlan) -> list[str]:
+    """The noise filter's threshold, and what it leaves of the environments."""
+    frame = plan.environments.frame
+    sd = ctx.noise_sd
+    if not math.isfinite(sd):
+        out = ["sign errors: no configuration holds two runs, so the replicate noise is unknown: every pair with "
+               "different gaps counts (no noise filter)"]
+    else:
+        out = [f"sign errors count only pairs whose gap difference exceeds {2 * NOISE_Z:.2f} × the replicate "
+               f"standard deviation of the gap ({sd:.3g}; Dziugaite et al.'s filter with the replicate noise)"]
+    if len(frame) and not frame["averaged"].any():
+        most = int(frame["n_pairs"].max())
+        out.append(f"every environment holds fewer than {MIN_ENV_PAIRS} pairs above the noise (at most {most}, with "
+                   f"{ctx.design.n_draws} draw(s)): sign_error_mean and sign_error_worst are not given; "
+                   "environments.csv lists the environments")
+    return out
 
 
 def _compare_with_best(corr: pd.DataFrame, included: pd.DataFrame, gcol: str, flip: dict[str, bool],
@@ -256,8 +337,8 @@ def _compare_with_best(corr: pd.DataFrame, included: pd.DataFrame, gcol: str, fl
     for col in group.columns:
         corr[col] = group[col].to_numpy()
     if len(corr) and (corr["vs_best"] == "cannot compare").any() and len(included) >= MIN_CI_RUNS:
-        notes.append("\"cannot compare\": fewer than 10 runs shared with the best measure, or resamples "
-                     "that never change the difference")
+        notes.append("\"cannot compare\": fewer than 10 runs shared with the best measure, too few resampled units, "
+                     "or resamples that never change the difference")
     cmi_reasons = sorted({str(n).split("CMI n/a: ", 1)[1].split("; ", 1)[0] for n in corr["note"]
                           if "CMI n/a: " in str(n)})
     if cmi_reasons:
@@ -267,8 +348,8 @@ def _compare_with_best(corr: pd.DataFrame, included: pd.DataFrame, gcol: str, fl
 
 
 def _permutation_pvalues(data: Mapping[str, np.ndarray], measures: list[str], gap_values: np.ndarray,
-                         n_perm: int, seed: int) -> tuple[dict[str, float], dict[str, str]]:
-    """kendall_p and its method for every measure; measures with values on the same runs are tested in
+                         n_perm: int, seed: int) -> dict[str, tuple[float, str]]:
+    """(kendall_p, its method) for every measure; measures with values on the same runs are tested in
     one pass."""
     groups: dict[bytes, list[tuple[str, np.ndarray]]] = {}
     masks: dict[bytes, np.ndarray] = {}
@@ -280,142 +361,16 @@ def _permutation_pvalues(data: Mapping[str, np.ndarray], measures: list[str], ga
             continue
         groups.setdefault(ok.tobytes(), []).append((key, values))
         masks[ok.tobytes()] = ok
-    out: dict[str, float] = {}
-    methods: dict[str, str] = {}
+    out: dict[str, tuple[float, str]] = {}
     for mask_key, members in groups.items():
         x = np.stack([v for _, v in members])
         g = gap_values[masks[mask_key]]
         p = kendall_permutation_pvalues(x, g, n_perm=n_perm, seed=seed)
         for (key, values), pi in zip(members, p):
-            out[key] = float(pi)
             method = permutation_method(values, g, n_perm)
-            methods[key] = (f"monte carlo ({n_perm} permutations)" if method == "monte carlo"
-                            else "exact (scipy, no ties)" if method == "exact" else "enumerated (all n! orders)")
-    return out, methods
-
-
-def _design_statistics(row: dict[str, Any], note: list[str], values: np.ndarray, gap: np.ndarray,
-                       design: Design, ok: np.ndarray, seed: int) -> pd.DataFrame | None:
-    """Fill the within-design statistics of one measure into `row` (ψ per axis with its p, Ψ, CMI, sign
-    errors, seed pairs); return the sign-error environments (None without hyperparameter axes)."""
-    axes = design.axes
-    envs = None
-    if axes:
-        sub = design.codes[ok]
-        within = [design.replicate] if design.replicate else []
-        row["psi"], per_axis = granulated_kendall(values, gap, sub, axes, within)
-        for axis, value in per_axis.items():
-            row[f"psi_{axis}"] = value
-        for axis, (p, _method) in psi_pvalues(values, gap, sub, axes, within, seed=seed).items():
-            row[f"p_psi_{axis}"] = p
-        cmi = conditional_mi(values, gap, sub, axes)
-        row["cmi"], row["cmi_condition"], row["cmi_min_pairs"] = cmi.score, cmi.condition, cmi.min_pairs
-        if cmi.reason:
-            note.append(f"CMI n/a: {cmi.reason}")
-            row["cmi_condition"] = ""
-        errors = sign_errors(values, gap, sub, axes)
-        envs = errors.environments
-        row["sign_error_mean"], row["sign_error_worst"] = errors.mean, errors.worst
-        row["n_environments"] = int(len(envs))
-    if design.replicate:
-        reps = design.codes[design.replicate].to_numpy()[ok]
-        row["seed_pairs_concordant"], row["n_seed_pairs"] = seed_pairs(values, gap, design.cells[ok], reps)
-        row["seed_pairs_p"] = seed_pairs_pvalue(values, gap, design.cells[ok], reps)
-    return envs
-
-
-def _measure_row(key: str, oriented: np.ndarray, included: pd.DataFrame, gap_values: np.ndarray,
-                 design: Design, larger_is_sharper: bool, n_boot: int, seed: int, kendall_p: float,
-                 kendall_p_method: str, se_column: str | None, resamples: Resamples,
-                 full: bool) -> tuple[dict[str, Any], pd.DataFrame | None]:
-    """One measure's row of correlations.csv: τ, ρ, r with their design-bootstrap intervals (`full`: also
-    the within-design statistics, ψ per axis, CMI, sign errors, seed pairs), and its bootstrap draws of τ
-    for the comparisons with the best; NaN statistics with a note where τ is not defined."""
-    ok = np.isfinite(oriented) & np.isfinite(gap_values)
-    values = oriented[ok]
-    gap = gap_values[ok]
-    axes = design.axes
-    row: dict[str, Any] = {"measure": key, "larger_is_sharper": larger_is_sharper, "n": int(ok.sum()),
-                           "n_missing": int(len(oriented) - ok.sum())}
-    for stat in STATISTICS:
-        row[stat] = row[f"{stat}_lo"] = row[f"{stat}_hi"] = math.nan
-    row.update({"kendall_p": math.nan, "kendall_p_method": "", "vs_best": "", "vs_best_p": math.nan,
-                "vs_best_p_holm": math.nan, "vs_best_mcse": math.nan, "vs_best_borderline": False,
-                "psi": math.nan, "cmi": math.nan, "cmi_condition": "", "cmi_min_pairs": math.nan,
-                "sign_error_mean": math.nan, "sign_error_worst": math.nan, "n_environments": 0,
-                "seed_pairs_concordant": math.nan, "n_seed_pairs": 0})
-    for axis in axes:
-        row[f"psi_{axis}"] = row[f"p_psi_{axis}"] = math.nan
-    row["seed_pairs_p"] = math.nan
-    row["se_median"], row["se_ratio"] = _stderr_summary(included, se_column, ok, values)
-    note = []
-    envs = None
-    if row["n"] == 0:
-        note.append("no value on any run" if len(oriented) else "no runs")
-    elif row["n"] < MIN_RUNS:
-        note.append(f"only {row['n']} run(s) with a value" if len(oriented) >= MIN_RUNS else "too few runs")
-    elif np.ptp(values) == 0:
-        note.append("constant across runs")
-    elif np.ptp(gap) == 0:
-        note.append("the gap is constant across these runs")
-    else:
-        with_ci = row["n"] >= MIN_CI_RUNS and n_boot > 0
-        if with_ci:
-            boot_design = resamples.bootstrap(ok)
-            if "gap_ranks" not in boot_design.cache:
-                boot_design.cache["gap_ranks"] = weighted_ranks(gap, boot_design.weights)
-        for stat, fn in STATISTICS.items():
-            row[stat] = float(fn(values[None, :], gap[None, :])[0])
-            if with_ci:
-                if stat == "kendall_tau":
-                    boot = resamples.boot(key, ok)  # shared with the paired comparisons
-                elif stat == "spearman_rho":
-                    boot = weighted_spearman(values, gap, boot_design.weights,
-                                             y_ranks=boot_design.cache["gap_ranks"])
-                else:
-                    boot = WEIGHTED[stat](values, gap, boot_design.weights, boot_design.pairs)
-                boot = boot_design.rescale(row[stat], boot[np.isfinite(boot)])
-                if len(boot) >= 10:
-                    lo, hi = np.quantile(boot, [(1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2])
-                    row[f"{stat}_lo"], row[f"{stat}_hi"] = float(lo), float(hi)
-        row["kendall_p"] = kendall_p
-        row["kendall_p_method"] = kendall_p_method
-        if row["n"] < MIN_CI_RUNS:
-            note.append(f"n < {MIN_CI_RUNS}: no interval; see the p-value")
-        elif row["kendall_tau_lo"] == row["kendall_tau_hi"]:
-            note.append("every bootstrap resample gives the same τ (interval collapsed to a point); see the "
-                        "p-value")
-        if full:
-            envs = _design_statistics(row, note, values, gap, design, ok, seed)
-    if row["se_ratio"] >= SE_NOTE_RATIO:  # False for NaN
-        note.append(f"standard error comparable to the spread between runs (se/sd = {row['se_ratio']:.2f}): "
-                    "the ranking is partly noise")
-    if row["n_missing"] and row["n"]:
-        note.append(f"no value on {row['n_missing']} run(s)")
-    if not larger_is_sharper:
-        note.append("sign flipped (smaller = sharper)")
-    row["note"] = "; ".join(note)
-    return row, envs
-
-
-def _stderr_summary(included: pd.DataFrame, se_column: str | None, ok: np.ndarray,
-                    values: np.ndarray) -> tuple[float, float]:
-    """(median Monte-Carlo standard error over the measure's runs, that median / the sample standard
-    deviation (ddof = 1) of the measure over the same runs). NaN without an SE column or any finite SE;
-    the ratio is inf when the measure is constant but its SE is not 0."""
-    if se_column is None or se_column not in included.columns or not ok.any():
-        return math.nan, math.nan
-    se = np.abs(pd.to_numeric(included[se_column], errors="coerce").to_numpy(dtype=float)[ok])
-    se = se[np.isfinite(se)]
-    if len(se) == 0:
-        return math.nan, math.nan
-    median = float(np.median(se))
-    if len(values) < 2:
-        return median, math.nan
-    sd = float(np.std(values, ddof=1))
-    if sd > 0:
-        return median, median / sd
-    return median, (math.inf if median > 0 else math.nan)
+            out[key] = (float(pi), f"monte carlo ({n_perm} permutations)" if method == "monte carlo"
+                        else "exact (scipy, no ties)" if method == "exact" else "enumerated (all n! orders)")
+    return out
 
 
 

@@ -1,26 +1,34 @@
 """Jiang et al. (2020, "Fantastic generalization measures and where to find them") §4-5: the granulated
-Kendall coefficient Ψ and the conditional-mutual-information score, over hyperparameter axes only.
+Kendall coefficient Ψ and the conditional-mutual-information score.
 
-* ψ_i (Eq. 4): for hyperparameter axis i, the mean over the groups of runs that share every *other*
-  hyperparameter value and the seed of Jiang's τ among the group's runs (which then differ in axis i
-  only); τ here is Jiang's, the mean over the group's pairs of sign(Δmeasure)·sign(Δgap) (a tie scores
-  0). A group of one run, or whose runs share axis i's value, says nothing about axis i and is skipped.
-  Ψ = the mean of ψ_i over the hyperparameter axes that have a value. The seed is never an axis: ψ over
-  seeds would average "does the measure order two replicates of one configuration by their gap", which
-  is the noise of the experiment, not a hyperparameter's effect (`robust.seed_pairs` reports it).
-* CMI (§5): over the ordered pairs (i, j) of runs with different gaps, V_g = sign(Δgap), V_μ =
-  sign(Δmeasure) (a tie in the measure is a third outcome); for a set S of hyperparameter axes, U_S is
-  the pair's values of S, (θ_i,S, θ_j,S). Î(S) = I(V_μ; V_g | U_S) / H(V_g | U_S), both averaged over
-  the cells of U_S with the cells' share of the pairs as weights (Jiang et al.'s definition; the PGDL
-  scorer averages the cells without weights and uses only |S| = 2). The score is the minimum of Î over
-  all S with |S| ≤ 2 (the empty set included), never conditioning on the seed. It is sign-agnostic: a
-  measure that orders every pair backwards scores as high as one that orders them right.
+* ψ_i (Eq. 4): for axis i, the **blocks** are the runs that share every *other* axis value and their data
+  draw (`design`); ψ_i is the mean over the blocks of Jiang's τ inside the block: the mean, over the
+  block's pairs of runs at different levels of axis i, of sign(Δmeasure)·sign(Δgap) (a tie scores 0).
+  With one run per level in a block (a full product with one run per cell and draw) these are all the
+  block's pairs, as in Jiang et al.; pairs of runs at the same level (two initialization seeds of one
+  draw) differ in no axis and are left out. A block without such a pair says nothing about axis i.
+  Replicate fields (`seed`, `data.seed`) are never axes: ψ over them would ask whether the measure orders
+  two replicates of one configuration by their gap, the noise of the experiment (`robust.seed_pairs`).
+* **Ψ** = the mean of ψ_i over the *training* axes whose ψ is defined (Jiang et al. average over
+  training hyperparameters); **psi_data** = the mean over the data axes (`design.is_data_axis`). Each is
+  NaN when none of its axes has a ψ.
+* **CMI** (§5): over the ordered pairs (i, j) of runs with different gaps, V_g = sign(Δgap), V_μ =
+  sign(Δmeasure) (a tie in the measure is a third outcome); for a set S of axes, U_S is the pair's values
+  of S, (θ_i,S, θ_j,S). Î(S) = I(V_μ; V_g | U_S) / H(V_g | U_S), both averaged over the cells of U_S with
+  the cells' share of the pairs as weights (Jiang et al.'s definition; the PGDL scorer averages the cells
+  without weights and uses only |S| = 2). The score is the minimum of Î over all S with |S| ≤ 2 (the
+  empty set included), S drawn from every axis, training and data (never a replicate field). It is
+  sign-agnostic: a measure that orders every pair backwards scores as high as one that orders them right.
   Plug-in mutual information is biased upwards in small cells: for a cell holding m unordered pairs of
   a measure that is pure noise the expected score is about 0.72 / m, and at m = 1 it is exactly 1 for
   every measure (the cell's two ordered pairs are mirror images, and any measure "predicts" one from the
   other). So the score is given only when every cell that has something to explain (H(V_g | cell) > 0)
   holds at least `MIN_CMI_PAIRS` unordered pairs, under every conditioning set; otherwise it is n/a and
   the reason names the set and its smallest cell.
+
+Everything that depends only on the design and the gap (the blocks and their pairs, the CMI cells) is
+built once (`PsiBlocks`, `CMIPlan`); a statistic is then evaluated for a batch of measures at once
+(rows of a (R, n) array: the measures of a study, or the R draws of the random reference).
 """
 
 from __future__ import annotations
@@ -34,40 +42,103 @@ import pandas as pd
 from scipy.stats import entropy
 
 from flatbench.analysis.stats.design import group_ids
-from flatbench.analysis.stats.kernels import kendall_tau_a
 
 MIN_CMI_PAIRS = 10
 """Fewest unordered pairs of runs a CMI cell with V_g not constant may hold (bias of pure noise ≲ 0.07)."""
 MAX_CMI_SET = 2
 
 
-def psi_groups(codes: pd.DataFrame, axes: list[str], axis: str,
-               within: list[str] | tuple[str, ...] = ()) -> list[np.ndarray]:
-    """The groups ψ_axis averages over: runs sharing every other axis (and the `within` columns) whose
-    values of `axis` differ; a group of one run, or of one value of the axis, says nothing and is left out."""
-    keys = group_ids(codes, [a for a in axes if a != axis] + [c for c in within if c in codes.columns])
-    values = codes[axis].to_numpy()
-    out = []
-    for key in np.unique(keys):
-        members = np.flatnonzero(keys == key)
-        if len(members) >= 2 and len(set(values[members])) >= 2:
-            out.append(members)
-    return out
+# ------------------------------------------------------------------------------------------------ ψ
+
+@dataclass
+class PsiBlocks:
+    """The blocks of ψ for one axis and their pairs of runs at different levels of it, block by block."""
+
+    axis: str
+    i: np.ndarray
+    j: np.ndarray
+    starts: np.ndarray
+    """Index into the pairs where each block's pairs begin (blocks in order; every block has a pair)."""
+    counts: np.ndarray
+    combo: np.ndarray
+    """Per block: the id (0 .. K − 1) of its combination of the other axes."""
+    draw: np.ndarray
+    """Per block: its draw id (0 .. D − 1)."""
+    n_combos: int
+    n_draws: int
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.starts)
+
+    def block_taus(self, measures: np.ndarray, gap: np.ndarray) -> np.ndarray:
+        """(R, n_blocks) Jiang τ of every block for every row of `measures` (R, n)."""
+        x = np.atleast_2d(np.asarray(measures, dtype=float))
+        if not self.n_blocks:
+            return np.zeros((len(x), 0))
+        s = np.sign(x[:, self.i] - x[:, self.j]) * np.sign(gap[self.i] - gap[self.j])[None, :]
+        return np.add.reduceat(s, self.starts, axis=1) / self.counts[None, :]
+
+
+def psi_blocks(codes: pd.DataFrame, axes: list[str], axis: str, draws: np.ndarray) -> PsiBlocks:
+    """The blocks of ψ_axis (module doc): runs sharing every other axis and the draw."""
+    draws = np.asarray(draws, dtype=np.int64)
+    combo = group_ids(codes, [a for a in axes if a != axis])
+    n_draws = int(draws.max()) + 1 if len(draws) else 0
+    key = combo * max(n_draws, 1) + draws
+    level = pd.factorize(codes[axis].to_numpy())[0] if len(codes) else np.zeros(0, dtype=np.int64)
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    pi, pj, starts, counts, combos, block_draws = [], [], [], [], [], []
+    total = 0
+    for members in np.split(order, bounds) if len(order) else []:
+        a, b = np.triu_indices(len(members), 1)
+        cross = level[members[a]] != level[members[b]]
+        if not cross.any():
+            continue
+        pi.append(members[a][cross])
+        pj.append(members[b][cross])
+        starts.append(total)
+        counts.append(int(cross.sum()))
+        total += int(cross.sum())
+        combos.append(int(combo[members[0]]))
+        block_draws.append(int(draws[members[0]]))
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    combo_ids = pd.factorize(np.array(combos, dtype=np.int64))[0] if combos else np.zeros(0, dtype=np.int64)
+    return PsiBlocks(axis, cat(pi), cat(pj), np.array(starts, dtype=np.int64), np.array(counts, dtype=float),
+                     combo_ids.astype(np.int64), np.array(block_draws, dtype=np.int64),
+                     int(combo_ids.max()) + 1 if len(combo_ids) else 0, n_draws)
+
+
+def psi_values(blocks: PsiBlocks, measures: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """(R,) ψ of the axis for every row of `measures`; NaN without blocks."""
+    taus = blocks.block_taus(measures, gap)
+    return taus.mean(axis=1) if taus.shape[1] else np.full(len(taus), np.nan)
+
+
+def mean_defined(values: list[np.ndarray], n: int) -> np.ndarray:
+    """Row-wise mean of the finite entries of several (n,) arrays; NaN where none is finite."""
+    if not values:
+        return np.full(n, np.nan)
+    stack = np.vstack(values)
+    ok = np.isfinite(stack)
+    with np.errstate(invalid="ignore"):
+        return np.where(ok.any(axis=0), np.where(ok, stack, 0.0).sum(axis=0) / np.maximum(ok.sum(axis=0), 1), np.nan)
 
 
 def granulated_kendall(measure: np.ndarray, gap: np.ndarray, codes: pd.DataFrame, axes: list[str],
                        within: list[str] | tuple[str, ...] = ()) -> tuple[float, dict[str, float]]:
-    """Ψ and ψ_i per hyperparameter axis; runs are the rows of `codes`, aligned with the arrays. `within`
-    are columns every group must share besides the other axes (the replicate column, `seed`)."""
+    """(mean of the defined ψ_i, ψ_i per axis) for one measure; runs are the rows of `codes`, aligned with
+    the arrays. `within` are columns of `codes` every block must share besides the other axes (the draw).
+    (`analyze` splits the mean into Ψ over training axes and psi_data over data axes.)"""
     measure = np.asarray(measure, dtype=float)
     gap = np.asarray(gap, dtype=float)
-    per_axis: dict[str, float] = {}
-    for axis in axes:
-        taus = [kendall_tau_a(measure[g], gap[g]) for g in psi_groups(codes, axes, axis, within)]
-        per_axis[axis] = float(np.mean(taus)) if taus else math.nan
-    defined = [v for v in per_axis.values() if math.isfinite(v)]
-    return (float(np.mean(defined)) if defined else math.nan), per_axis
+    draws = group_ids(codes, [c for c in within if c in codes.columns])
+    per_axis = {a: float(psi_values(psi_blocks(codes, axes, a, draws), measure[None, :], gap)[0]) for a in axes}
+    return float(mean_defined([np.array([v]) for v in per_axis.values()], 1)[0]), per_axis
 
+
+# ---------------------------------------------------------------------------------------------- CMI
 
 @dataclass
 class CMIResult:
@@ -81,6 +152,53 @@ class CMIResult:
     per_set: dict[str, float] | None = None
 
 
+@dataclass
+class _CMISet:
+    name: str
+    cell: np.ndarray
+    """Cell of U_S of every ordered pair."""
+    n_cells: int
+    h_g: np.ndarray
+    weight: np.ndarray
+    cond_h: float
+
+
+@dataclass
+class CMIPlan:
+    """What CMI needs of the design and the gap: the ordered pairs, V_g, and every conditioning set's
+    cells (measure-independent); `scores` evaluates it for a batch of measures."""
+
+    i: np.ndarray
+    j: np.ndarray
+    vg: np.ndarray
+    sets: list[_CMISet]
+    min_pairs: int
+    smallest_set: str
+    reason: str
+
+    def scores(self, measures: np.ndarray) -> tuple[np.ndarray, list[str], list[dict[str, float]]]:
+        """(R,) scores (NaN with `reason`), the set attaining each, and each row's score per set."""
+        x = np.atleast_2d(np.asarray(measures, dtype=float))
+        r = len(x)
+        if not self.sets:
+            return np.full(r, np.nan), [""] * r, [{} for _ in range(r)]
+        vm = (np.sign(x[:, self.i] - x[:, self.j]) + 1).astype(np.int64)
+        rows = np.arange(r)[:, None]
+        table_scores = np.empty((r, len(self.sets)))
+        for k, s in enumerate(self.sets):
+            index = ((rows * s.n_cells + s.cell[None, :]) * 2 + self.vg[None, :]) * 3 + vm
+            table = np.bincount(index.ravel(), minlength=r * s.n_cells * 6).reshape(r, s.n_cells, 2, 3).astype(float)
+            h_m = entropy(table.sum(axis=2), base=2, axis=2)
+            h_joint = entropy(table.reshape(r, s.n_cells, 6), base=2, axis=2)
+            mi = np.maximum(s.h_g[None, :] + h_m - h_joint, 0.0)
+            table_scores[:, k] = (s.weight[None, :] * mi).sum(axis=1) / s.cond_h
+        best = np.argmin(table_scores, axis=1)
+        names = [self.sets[b].name for b in best]
+        per_set = [{s.name: float(table_scores[row, k]) for k, s in enumerate(self.sets)} for row in range(r)]
+        score = table_scores[np.arange(r), best]
+        return (np.full(r, np.nan) if self.reason else score), names, per_set
+
+
 def _pairs(gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ordered pairs (i, j), i ≠ j, with different gaps."""
     n = len(gap)
@@ -89,44 +207,45 @@ def _pairs(gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return i[keep], j[keep]
 
 
-def conditional_mi(measure: np.ndarray, gap: np.ndarray, codes: pd.DataFrame, axes: list[str],
-                   min_pairs: int = MIN_CMI_PAIRS) -> CMIResult:
-    """Jiang et al.'s CMI score over the hyperparameter `axes` (module doc); `codes` holds their values."""
-    measure = np.asarray(measure, dtype=float)
+def _conditioning_cells(int_codes: dict[str, np.ndarray], cardinality: dict[str, int], subset: tuple[str, ...],
+                        i: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """(cell of every ordered pair, number of cells, whether each cell is diagonal: θ_i,S = θ_j,S)."""
+    cell = np.zeros(len(i), dtype=np.int64)
+    diagonal = np.ones(len(i), dtype=bool)
+    for a in subset:
+        k = cardinality[a]
+        ci, cj = int_codes[a][i], int_codes[a][j]
+        cell = (cell * k + ci) * k + cj
+        diagonal &= ci == cj
+    cells, cell = np.unique(cell, return_inverse=True)
+    is_diag = np.zeros(len(cells), dtype=bool)
+    is_diag[cell[diagonal]] = True
+    return cell.astype(np.int64), len(cells), is_diag
+
+
+def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: int = MIN_CMI_PAIRS) -> CMIPlan:
+    """The measure-independent part of Jiang et al.'s CMI score over `axes` (module doc)."""
     gap = np.asarray(gap, dtype=float)
+    empty = np.zeros(0, dtype=np.int64)
     if not axes:
-        return CMIResult(math.nan, "", 0, "no hyperparameter axis varies (the seed is never conditioned on)")
-    if len(measure) < 3:
-        return CMIResult(math.nan, "", 0, "fewer than 3 runs")
+        return CMIPlan(empty, empty, empty, [], 0, "", "no axis varies (a replicate field is never conditioned on)")
+    if len(gap) < 3:
+        return CMIPlan(empty, empty, empty, [], 0, "", "fewer than 3 runs")
     i, j = _pairs(gap)
     if not len(i):
-        return CMIResult(math.nan, "", 0, "the gap is constant")
+        return CMIPlan(empty, empty, empty, [], 0, "", "the gap is constant")
     vg = (gap[i] > gap[j]).astype(np.int64)
-    vm = (np.sign(measure[i] - measure[j]) + 1).astype(np.int64)
     int_codes = {a: pd.factorize(codes[a])[0].astype(np.int64) for a in axes}
     cardinality = {a: int(int_codes[a].max()) + 1 for a in axes}
-    best, best_set, smallest = math.inf, "", None
-    smallest_set = ""
-    per_set: dict[str, float] = {}
+    sets: list[_CMISet] = []
+    smallest, smallest_set = None, ""
     for size in range(0, min(MAX_CMI_SET, len(axes)) + 1):
         for subset in itertools.combinations(axes, size):
             name = "+".join(subset) if subset else "none"
-            cell = np.zeros(len(i), dtype=np.int64)
-            diagonal = np.ones(len(i), dtype=bool)
-            for a in subset:
-                k = cardinality[a]
-                ci, cj = int_codes[a][i], int_codes[a][j]
-                cell = (cell * k + ci) * k + cj
-                diagonal &= ci == cj
-            cells, cell = np.unique(cell, return_inverse=True)
-            n_cells = len(cells)
-            table = np.bincount((cell * 2 + vg) * 3 + vm, minlength=n_cells * 6).reshape(n_cells, 2, 3)
-            per_cell = table.sum(axis=(1, 2)).astype(float)
-            # unordered pairs: a diagonal cell holds both orders of each of its pairs
-            is_diag = np.zeros(n_cells, dtype=bool)
-            is_diag[cell[diagonal]] = True
-            unordered = np.where(is_diag, per_cell / 2, per_cell)
-            g_counts = table.sum(axis=2).astype(float)
+            cell, n_cells, is_diag = _conditioning_cells(int_codes, cardinality, subset, i, j)
+            g_counts = np.bincount(cell * 2 + vg, minlength=n_cells * 2).reshape(n_cells, 2).astype(float)
+            per_cell = g_counts.sum(axis=1)
+            unordered = np.where(is_diag, per_cell / 2, per_cell)  # a diagonal cell holds both orders of a pair
             h_g = entropy(g_counts, base=2, axis=1)
             informative = h_g > 1e-12
             if informative.any():
@@ -135,22 +254,24 @@ def conditional_mi(measure: np.ndarray, gap: np.ndarray, codes: pd.DataFrame, ax
                     smallest, smallest_set = low, name
             weight = per_cell / per_cell.sum()
             cond_h = float((weight * h_g).sum())
-            if cond_h <= 1e-12:
-                continue  # S determines the ordering of every pair: nothing left to explain
-            h_m = entropy(table.sum(axis=1).astype(float), base=2, axis=1)
-            h_joint = entropy(table.reshape(n_cells, 6).astype(float), base=2, axis=1)
-            mi = np.maximum(h_g + h_m - h_joint, 0.0)
-            score = float((weight * mi).sum()) / cond_h
-            per_set[name] = score
-            if score < best - 1e-15:
-                best, best_set = score, name
+            if cond_h > 1e-12:  # else S determines the ordering of every pair: nothing left to explain
+                sets.append(_CMISet(name, cell, n_cells, h_g, weight, cond_h))
     smallest = int(smallest) if smallest is not None else 0
-    if not per_set:
-        return CMIResult(math.nan, "", smallest, "the hyperparameters determine the gap's ordering of every pair",
-                         per_set)
-    if smallest < min_pairs:
-        return CMIResult(math.nan, best_set, smallest,
-                         f"conditioning on {smallest_set} leaves cells of {smallest} pair(s) of runs (fewer than "
-                         f"{min_pairs}): there the plug-in mutual information is close to 1 for any measure, "
-                         "noise included", per_set)
-    return CMIResult(best, best_set, smallest, "", per_set)
+    reason = ""
+    if not sets:
+        reason = "the axes determine the gap's ordering of every pair"
+    elif smallest < min_pairs:
+        reason = (f"conditioning on {smallest_set} leaves cells of {smallest} pair(s) of runs (fewer than "
+                  f"{min_pairs}): there the plug-in mutual information is close to 1 for any measure, noise included")
+    return CMIPlan(i, j, vg, sets, smallest, smallest_set, reason)
+
+
+def conditional_mi(measure: np.ndarray, gap: np.ndarray, codes: pd.DataFrame, axes: list[str],
+                   min_pairs: int = MIN_CMI_PAIRS) -> CMIResult:
+    """Jiang et al.'s CMI score of one measure over `axes` (module doc); `codes` holds their values."""
+    plan = cmi_plan(gap, codes, axes, min_pairs)
+    if not plan.sets:
+        return CMIResult(math.nan, "", plan.min_pairs, plan.reason, {} if plan.reason.startswith("the axes") else None)
+    scores, names, per_set = plan.scores(np.asarray(measure, dtype=float)[None, :])
+    best = min(per_set[0].values())
+    return CMIResult(math.nan if plan.reason else best, names[0], plan.min_pairs, plan.reason, per_set[0])

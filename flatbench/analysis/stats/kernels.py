@@ -7,8 +7,7 @@ Two families of batched kernels:
 * over resampling weights: `weighted_kendall`, `weighted_spearman`, `weighted_pearson` take the data once
   and a (B, n) matrix of non-negative weights, one resample per row. With integer weights (how often a run
   was drawn) they are exactly the statistic of the resampled data set `np.repeat(x, w)` (tests check this
-  against scipy); the design bootstrap's rescaled weights (see `design.resample_weights`) are the same
-  formulas with real weights. τ-b of a weighted sample is a ratio of quadratic forms in the weights,
+  against scipy); the two-way cluster bootstrap's weights w_c·v_d (`bootstrap`) are such counts. τ-b of a weighted sample is a ratio of quadratic forms in the weights,
   C − D = ½ wᵀ (Sx ∘ Sy) w and untied-in-x pairs = ½ wᵀ |Sx| w with Sx = sign(x_i − x_j), so ten thousand
   resamples of 128 runs are two matrix products per measure.
 
@@ -20,7 +19,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from scipy.stats import kendalltau, rankdata
@@ -133,34 +131,32 @@ def _quadratic(weights: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     return 0.5 * np.einsum("bi,bi->b", weights @ matrix, weights)
 
 
-def kendall_parts(x: np.ndarray, y: np.ndarray, weights: np.ndarray, pairs: np.ndarray | None = None,
+def kendall_parts(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
                   skip_y: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(C − D, untied-in-x pairs, untied-in-y pairs) of every weighted resample (see the module doc);
-    `pairs` (n, n) multiplies each pair's weight w_i·w_j (the design bootstrap's pair weights). `skip_y`:
-    leave the y part out (None), for a caller that computes it once for many x."""
+    """(C − D, untied-in-x pairs, untied-in-y pairs) of every weighted resample (see the module doc).
+    `skip_y`: leave the y part out (None), for a caller that computes it once for many x."""
     sx, sy = _signs(np.asarray(x, float)), _signs(np.asarray(y, float))
     w = np.asarray(weights, dtype=float)
-    if pairs is not None:
-        sx_w = sx * pairs
-        dx = _quadratic(w, np.abs(sx_w)) if (sx == 0).sum() > len(x) else _quadratic(w, pairs - np.diag(np.diag(pairs)))
-        if skip_y:
-            return _quadratic(w, sx_w * sy), dx, None
-        return _quadratic(w, sx_w * sy), dx, _quadratic(w, np.abs(sy) * pairs)
     num = _quadratic(w, sx * sy)
     total = w.sum(axis=1)
     base = 0.5 * (total * total - (w * w).sum(axis=1))  # pairs of items drawn from two distinct runs
     dx = _quadratic(w, np.abs(sx)) if (sx == 0).sum() > len(x) else base
+    if skip_y:
+        return num, dx, None
     dy = _quadratic(w, np.abs(sy)) if (sy == 0).sum() > len(y) else base
     return num, dx, dy
 
 
-def weighted_kendall(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
-                     pairs: np.ndarray | None = None) -> np.ndarray:
-    """Kendall τ-b of every weighted resample (rows of `weights`); NaN where x or y is constant on it."""
-    num, dx, dy = kendall_parts(x, y, weights, pairs)
+def tau_from_parts(num: np.ndarray, dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """τ-b = (C − D) / sqrt(untied x · untied y); NaN where x or y is constant on a resample."""
     ok = (dx > 0) & (dy > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(ok, num / np.sqrt(np.where(ok, dx * dy, 1.0)), np.nan)
+
+
+def weighted_kendall(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Kendall τ-b of every weighted resample (rows of `weights`); NaN where x or y is constant on it."""
+    return tau_from_parts(*kendall_parts(x, y, weights))
 
 
 def weighted_ranks(v: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -188,18 +184,17 @@ def weighted_pearson_ranks(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.nd
     return np.clip(r, -1.0, 1.0)
 
 
-def weighted_spearman(x: np.ndarray, y: np.ndarray, weights: np.ndarray, pairs: Any = None,
+def weighted_spearman(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
                       y_ranks: np.ndarray | None = None) -> np.ndarray:
-    """Spearman ρ of every weighted resample: weighted Pearson r of the resample's mid-ranks (`pairs` is
-    accepted for a uniform call and ignored: ρ is not a sum over pairs; `y_ranks` may pass y's resample
-    ranks computed once for many x)."""
+    """Spearman ρ of every weighted resample: weighted Pearson r of the resample's mid-ranks (`y_ranks`
+    may pass y's resample ranks computed once for many x)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     w = np.asarray(weights, dtype=float)
     ry = weighted_ranks(y, w) if y_ranks is None else y_ranks
     return weighted_pearson_ranks(weighted_ranks(x, w), ry, w)
 
 
-def weighted_pearson(x: np.ndarray, y: np.ndarray, weights: np.ndarray, pairs: Any = None) -> np.ndarray:
+def weighted_pearson(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Pearson r of every weighted resample; the values are standardized first (scale-free, no overflow)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     xs = (x - x.mean()) / (np.abs(x - x.mean()).max() or 1.0)
@@ -322,8 +317,8 @@ def bootstrap_ci(x: np.ndarray, y: np.ndarray, statistic: Callable[[np.ndarray, 
 
     idx = `np.random.default_rng(seed).integers(0, n, size=(n_boot, n))`, values = statistic(x[idx],
     y[idx]) without its non-finite entries, interval = `np.quantile(values, [a, 1 − a])`, a = (1 −
-    level) / 2. Fewer than ten defined resamples give no interval. The report itself resamples within the
-    design (`design.resample_weights`); this is the textbook reference it is tested against.
+    level) / 2. Fewer than ten defined resamples give no interval. The report itself resamples the design's
+    configurations and draws (`bootstrap.two_way_bootstrap`); this is the textbook reference.
     """
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
