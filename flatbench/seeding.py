@@ -9,7 +9,7 @@ whole config):
 | stream | seeded by |
 | --- | --- |
 | initial weights | seed, the model's fields |
-| random labels, data subsets | seed, the data fields that define them (`flatbench.data`) |
+| random labels, data subsets | `data.seed` (default: seed), the data fields that define them (`flatbench.data`) |
 | batch order, augmentation | seed, dataset, n_train, batch size, epoch |
 | dropout | seed, epoch |
 | measure probes | seed, measure name (and a tag per use) |

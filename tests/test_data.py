@@ -453,3 +453,29 @@ def test_full_cifar10() -> None:
     assert torch.bincount(raw.y_test, minlength=10).tolist() == [1000] * 10
     means = (raw.x_train[:5000].float() / 255).mean(dim=(0, 2, 3))
     assert torch.allclose(means, torch.tensor(D.DATASETS["cifar10"].mean), atol=0.06)
+
+
+def test_data_seed_decouples_the_draw_from_the_run_seed() -> None:
+    """`data.seed` fixes the training subset, test subset and random labels; the run's seed then changes only
+    the initialization and batch order. Without it the draw follows the run's seed (ids unchanged)."""
+    from flatbench.config import RunConfig
+    from flatbench.seeding import batch_generator, init_seed
+
+    base = DataConfig(dataset="mnist_mini", n_train=200, n_test=100, random_label_ratio=0.5)
+    runs = {(s, d): RunConfig(seed=s, data=DataConfig(**{**base.__dict__, "seed": d})) for s in (0, 1) for d in (0, 1)}
+    loaded = {k: D.load_dataset(cfg.data, cfg.data_seed) for k, cfg in runs.items()}
+
+    def same_draw(a: D.Dataset, b: D.Dataset) -> bool:
+        return all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("x_train", "y_train", "x_test", "y_test"))
+
+    assert same_draw(loaded[0, 0], loaded[1, 0]) and same_draw(loaded[0, 1], loaded[1, 1])
+    assert not torch.equal(loaded[0, 0].x_train, loaded[0, 1].x_train)
+    assert not torch.equal(loaded[0, 0].y_train, loaded[0, 1].y_train)
+    assert init_seed(runs[0, 0]) == init_seed(runs[0, 1]) != init_seed(runs[1, 0])
+    assert torch.equal(torch.randperm(50, generator=batch_generator(runs[0, 0], 0)),
+                       torch.randperm(50, generator=batch_generator(runs[0, 1], 0)))
+    # the default: the draw is the run's seed, and the run id is the one it had before data.seed existed
+    plain = RunConfig(seed=1, data=base)
+    assert plain.data_seed == 1 and "data.seed" not in plain.identity()
+    assert same_draw(D.load_dataset(plain.data, plain.data_seed), loaded[1, 1])
+    assert runs[0, 1].run_id() != runs[0, 0].run_id() and "data.seed" in runs[0, 1].identity()

@@ -167,3 +167,29 @@ def test_wrn_block_is_pre_activation_with_the_documented_shortcut() -> None:
     logits = F.linear(torch.relu(bn(model.bn, h)).mean(dim=(2, 3)), model.fc.weight, model.fc.bias)
     assert [b.shortcut is None for b in model.blocks] == [True, False, False]
     torch.testing.assert_close(model(x), logits, rtol=1e-12, atol=1e-12)
+
+
+def test_mlp_dropout_is_measured_as_the_same_chain_without_it() -> None:
+    """An MLP with dropout (the natural study's axis) has a Dropout after each hidden ReLU in training; every
+    measure of the quickstart sees it in eval mode, where it is the identity, so each value equals that of
+    the same weights in the chain without dropout."""
+    import yaml
+
+    from flatbench import measure
+    from flatbench.data import load_dataset
+    from flatbench.config import DataConfig
+
+    with_dropout = build_model(ModelConfig(name="mlp", widths=(24, 16), dropout=0.5), (1, 28, 28), 10)
+    assert sum(isinstance(m, nn.Dropout) for m in with_dropout) == 2
+    plain = build_model(ModelConfig(name="mlp", widths=(24, 16)), (1, 28, 28), 10)
+    with torch.no_grad():  # the same weights, in the same order (dropout has none)
+        for p, q in zip(plain.parameters(), with_dropout.parameters(), strict=True):
+            p.copy_(q)
+    ds = load_dataset(DataConfig(dataset="mnist_mini", n_train=40, n_test=10), seed=0)
+    quickstart = yaml.safe_load(open("configs/quickstart.yaml"))["measure"]["measures"]
+    a = measure(with_dropout.double(), (ds.x_train, ds.y_train), quickstart).set_index("key")
+    b = measure(plain.double(), (ds.x_train, ds.y_train), quickstart).set_index("key")
+    assert list(a["status"]) == list(b["status"]) and (a["status"] == "ok").sum() >= 15, a["status"]
+    ok = (a["status"] == "ok").to_numpy()
+    torch.testing.assert_close(torch.tensor(a["value"].to_numpy()[ok]), torch.tensor(b["value"].to_numpy()[ok]),
+                               rtol=1e-6, atol=1e-12)

@@ -260,7 +260,8 @@ def _validate_choices(run: RunConfig) -> None:
                               f"{', '.join(allowed)})")
     positive = {"train.lr": run.train.lr, "train.batch_size": run.train.batch_size,
                 "train.epochs": run.train.epochs, "train.eval_batch_size": run.train.eval_batch_size,
-                "train.eval_every": run.train.eval_every, "train.workers": run.train.workers}
+                "train.eval_every": run.train.eval_every, "train.workers": run.train.workers,
+                "train.checkpoint_every": run.train.checkpoint_every}
     for where, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")

@@ -33,6 +33,11 @@ class DataConfig:
     """Fraction r of training examples whose label is redrawn (exactly round(r·n) examples)."""
     random_label_scheme: str = "uniform"
     """uniform (drawn from all C classes, may equal the true one) | shuffle | wrong."""
+    seed: int | None = None
+    """The data draw: the seed of the training subset, the test subset and the random labels (default: the
+    run's `seed`). Give it to decouple the data from the initialization and batch order, which the run's
+    `seed` keeps: runs with one `data.seed` and different seeds see the same data; runs with one seed and
+    different `data.seed` start from the same weights. The analysis treats the draw as the replicate unit."""
     augment: bool = False
     """Random crop (padding 4 for 32×32, 2 for 28×28) and, for CIFAR-10, horizontal flip, on tensors."""
 
@@ -59,7 +64,9 @@ class ModelConfig:
     width: int = 4
     """wrn: widening factor."""
     dropout: float = 0.0
-    """wrn: dropout inside the blocks (the random-label studies use none)."""
+    """mlp: dropout after each hidden ReLU; wrn: dropout inside the blocks (the random-label studies use
+    none). In [0, 1); training only: every measure sees the model in eval mode, where dropout is the
+    identity."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,10 @@ class TrainConfig:
     target: the same epoch as with every evaluation done unless the loss reached the target while the running
     loss was above 30x it (the five CPU studies' largest ratio at an endpoint or snapshot was 7.3). 0:
     evaluate at every evaluation epoch. No effect without a loss target or snapshot levels."""
+    checkpoint_every: int = 1
+    """Epochs between epoch checkpoints (a preempted or killed run resumes from the last one, replaying the
+    epochs after it exactly). Writing one costs about as much as an epoch of a small MLP on 500 images, so
+    studies of many tiny runs write fewer; no effect on the trained model (not part of the run's identity)."""
     eval_batch_size: int = 2000
     """Batch size for evaluating accuracy and loss (no effect on the result)."""
     vectorize: int | str = "auto"
@@ -196,6 +207,11 @@ class RunConfig:
     def to_dict(self) -> dict:
         return to_plain(self)
 
+    @property
+    def data_seed(self) -> int:
+        """The seed of the run's data draw (subsets, random labels): `data.seed`, else the run's seed."""
+        return self.seed if self.data.seed is None else self.data.seed
+
     def identity(self) -> dict[str, Any]:
         """The fields that make this run what it is: every config field, dotted, except those that only
         say how it is executed (`EXECUTION_ONLY_KEYS`) and those at their default value (so a later
@@ -247,7 +263,8 @@ class Study:
         return [rid for rid, _ in self.runs]
 
 
-EXECUTION_ONLY_KEYS = frozenset({"data.root", "data.download", "train.eval_batch_size", "train.vectorize",
+EXECUTION_ONLY_KEYS = frozenset({"data.root", "data.download", "train.eval_batch_size", "train.checkpoint_every",
+                                 "train.vectorize",
                                  "train.compile", "train.channels_last", "train.workers"})
 """Fields that change where the data come from or how a run is executed, never the model it trains:
 not part of a run's identity (a run may be resumed or moved with other values)."""

@@ -177,7 +177,7 @@ def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.devic
         p.requires_grad_(True)
     if cfg.hvp_mode != "auto":
         use_hvp_mode(model, cfg.hvp_mode)
-    ds = load_dataset(run_cfg.data, run_cfg.seed, device=device)
+    ds = load_dataset(run_cfg.data, run_cfg.data_seed, device=device)
     x, y = measurement_subset(ds, cfg.n_examples, run_cfg.seed)
     return MeasureContext(model=model, inputs=x.to(dtype), targets=y, num_classes=ds.num_classes,
                           run_id=info["run_id"], seed=run_cfg.seed, normalized_ce_tau=cfg.normalized_ce_tau,

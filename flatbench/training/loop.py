@@ -96,7 +96,7 @@ def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device,
         stop.check()  # a stop signal before this run started: it does not start
         if check_run_dir(run_path, run_id, cfg) == "finished":  # finished by another job while we waited
             return read_json(run_path / RUN_JSON)
-        ds = load_dataset(cfg.data, cfg.seed, device=device)
+        ds = load_dataset(cfg.data, cfg.data_seed, device=device)
         model, opt, sched, start_epoch, history = restore_run(run_id, cfg, run_path, ds, device)
         if start_epoch == 0:  # trained from the start: snapshots on disk belong to an earlier training
             shutil.rmtree(run_path / SNAPSHOTS_DIR, ignore_errors=True)
@@ -124,7 +124,8 @@ def train_run(run_id: str, cfg: RunConfig, run_path: Path, device: torch.device,
                 history.append(epoch_record(model, ds, cfg, epoch, stats, opt.param_groups[0]["lr"],
                                             time.perf_counter() - e0, history))
                 save_snapshots(model, cfg, run_path, history, ds)
-                write_checkpoint(ckpt_path, model, opt, sched, epoch, history, cfg.config_hash())
+                if epoch % cfg.train.checkpoint_every == 0:
+                    write_checkpoint(ckpt_path, model, opt, sched, epoch, history, cfg.config_hash())
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(progress_fields(history[-1]))

@@ -1,14 +1,14 @@
 """Vectorized training: a group of runs of one sweep trained at once as one stacked model.
 
 Small models (mlp, lenet) leave a GPU idle: each step is a handful of tiny kernels. Runs of a sweep that
-differ only in their seed and random labels (`seed`, `data.random_label_ratio`,
+differ only in their seed, data draw and random labels (`seed`, `data.seed`, `data.random_label_ratio`,
 `data.random_label_scheme`) have parameters of the same shapes, so G of them can be stacked along a new
 leading dimension and trained by one `torch.func.vmap`-ed `functional_call`: every layer becomes one
 batched kernel for the whole group.
 
 Each run of a group keeps everything it has when trained alone:
 - its initial weights (`setup.init_model`, seeded by its seed and model fields, never by its run id),
-- its training set and labels (`data.load_dataset` with its own seed and ratio; equal inputs are shared),
+- its training set and labels (`data.load_dataset` with its own data draw and ratio; equal inputs are shared),
 - its batch order and augmentation (the same `seeding.batch_generator` / `augment_generator` streams as
   `loop.train_epoch`),
 - its optimizer state: Adam and SGD update each element from that element's gradient and state alone,
@@ -89,8 +89,9 @@ def group_size(cfg: RunConfig, device: torch.device) -> int:
 
 
 def group_key(cfg: RunConfig) -> RunConfig:
-    """What runs of one group share: the config with seed and random-label settings blanked out."""
-    return replace(cfg, seed=0, data=replace(cfg.data, random_label_ratio=0.0, random_label_scheme="uniform"))
+    """What runs of one group share: the config with seed, data draw and random-label settings blanked out."""
+    return replace(cfg, seed=0, data=replace(cfg.data, seed=None, random_label_ratio=0.0,
+                                             random_label_scheme="uniform"))
 
 
 def plan_groups(runs: list[tuple[str, RunConfig]], device: torch.device) -> list[list[tuple[str, RunConfig]]]:
@@ -155,7 +156,8 @@ class VectorizedGroup:
         key = group_key(self.cfg)
         for m in members:
             if group_key(m.cfg) != key:
-                raise ValueError(f"run {m.run_id} differs from {members[0].run_id} in more than seed and labels")
+                raise ValueError(f"run {m.run_id} differs from {members[0].run_id} in more than seed, data draw "
+                                 "and labels")
             if m.start_epoch != members[0].start_epoch:
                 raise ValueError("runs of one group must start at the same epoch")
         template = members[0].model
@@ -365,7 +367,7 @@ def train_group(runs: list[tuple[str, RunConfig]], exp_dir: str | Path, device: 
             if check_run_dir(path, rid, cfg) == "finished":
                 outcome.skipped.append(rid)
                 continue
-            ds = load_dataset(cfg.data, cfg.seed, device=device)
+            ds = load_dataset(cfg.data, cfg.data_seed, device=device)
             _share_dataset(ds, pool)
             model, opt, sched, start_epoch, history = restore_run(rid, cfg, path, ds, device)
             members.append(Member(rid, cfg, ds, model, opt, sched, start_epoch, history, path))
@@ -483,7 +485,8 @@ def _record_epoch(group: VectorizedGroup, stats: list[tuple[float, float]], epoc
         m.history.append(epoch_record(m.model, m.ds, m.cfg, epoch, EpochStats(loss, acc), group.lr, seconds,
                                       m.history))
         save_snapshots(m.model, m.cfg, m.path, m.history, m.ds)
-        write_checkpoint(m.path / CHECKPOINT_FILE, m.model, m.opt, m.sched, epoch, m.history, m.cfg.config_hash())
+        if epoch % m.cfg.train.checkpoint_every == 0:
+            write_checkpoint(m.path / CHECKPOINT_FILE, m.model, m.opt, m.sched, epoch, m.history, m.cfg.config_hash())
 
 
 def _finish_reached(group: VectorizedGroup, finish: Callable[[Member], None]) -> None:

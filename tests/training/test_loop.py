@@ -319,3 +319,33 @@ def test_snapshot_models_reproduce_their_recorded_losses(tmp_path):
                                                                       rel=1e-12)
     final = _weights(tmp_path / rid)
     assert not all(torch.equal(final[k], v) for k, v in model.state_dict().items())
+
+
+def test_checkpoint_every_k_epochs_resumes_from_the_last_one_to_the_same_weights(tmp_path, monkeypatch):
+    """`train.checkpoint_every: 2` writes the epoch checkpoint after epochs 2 and 4 only; a run stopped during
+    epoch 4's write resumes from epoch 2, replays epochs 3-4 and ends with the weights of an uninterrupted
+    run; the setting is not part of the run's identity."""
+    import flatbench.training.loop as loop_mod
+    from flatbench.training import Preempted
+
+    rid, cfg = _tiny_run(epochs=5, optimizer="sgd", lr=0.05, checkpoint_every=2)
+    assert rid == _tiny_run(epochs=5, optimizer="sgd", lr=0.05)[0]
+    original, written = loop_mod.write_checkpoint, []
+
+    def record(path, model, opt, sched, epoch, *args, **kwargs):
+        written.append(epoch)
+        if epoch == 4 and written.count(4) == 1:
+            raise Preempted("test: preempted before the epoch-4 checkpoint")
+        original(path, model, opt, sched, epoch, *args, **kwargs)
+
+    monkeypatch.setattr(loop_mod, "write_checkpoint", record)
+    with pytest.raises(Preempted):
+        _train(rid, cfg, tmp_path / "resumed")
+    assert written == [2, 4]
+    resumed = _train(rid, cfg, tmp_path / "resumed")
+    assert written == [2, 4, 4]  # resumed at epoch 2: epochs 3, 4 replayed, 5 not a multiple of 2
+    monkeypatch.undo()
+    _train(rid, cfg, tmp_path / "straight")
+    a, b = _weights(tmp_path / "resumed" / rid), _weights(tmp_path / "straight" / rid)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3, 4, 5]
