@@ -37,6 +37,16 @@ def between_share(gap: pd.Series, keys: pd.DataFrame) -> float:
     return float(between) / total
 
 
+def study_gap(exp: Path) -> str:
+    """The gap a study's report correlates with: its study.yaml's report.gap (acc where it has none)."""
+    import yaml
+
+    study = exp / "study.yaml"
+    raw = (yaml.safe_load(study.read_text()) or {}) if study.is_file() else {}
+    report = raw.get("report") or (raw.get("config") or {}).get("report") or {}
+    return str(report.get("gap", "acc"))
+
+
 def shares(exp: Path, gap: str) -> tuple[int, list[tuple[str, float]]]:
     table = pd.read_csv(exp / "table.csv")
     table = table[(table["status"] == "finished") & (table["train_acc"] >= 0.9)].reset_index(drop=True)
@@ -58,17 +68,36 @@ def shares(exp: Path, gap: str) -> tuple[int, list[tuple[str, float]]]:
     rows = [(f"{a} alone", between_share(y, codes[[a]])) for a in design.axes]
     rows.append(("all hyperparameters (the cells)", between_share(y, codes[design.axes])))
     rows.append(("within cells (seed replicates)", 1.0 - rows[-1][1]))
+    rows.append(("all hyperparameters, net of replicate noise (ω²)", net_share(y, codes[design.axes])))
     return len(table), rows
+
+
+def net_share(gap: pd.Series, keys: pd.DataFrame) -> float:
+    """The cells' share of the gap's variance net of replicate noise, ω² = (SS_between − (C − 1)·MS_within)
+    / (SS_total + MS_within): the between-cell sum of squares holds (C − 1)·σ² of replicate noise even when
+    the configurations do not differ, so the plain share overstates what the hyperparameters move. 0 when
+    the cells differ by no more than noise; nan without replicates."""
+    total = float(((gap - gap.mean()) ** 2).sum())
+    groups = list(gap.groupby([keys[c] for c in keys.columns])) if len(keys.columns) else [(0, gap)]
+    n, c = len(gap), len(groups)
+    within = sum(float(((g - g.mean()) ** 2).sum()) for _, g in groups)
+    if n <= c or total == 0:
+        return float("nan")
+    ms_within = within / (n - c)
+    between = total - within
+    return max(0.0, (between - (c - 1) * ms_within) / (total + ms_within))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("experiments", nargs="+")
-    p.add_argument("--gap", default="acc", choices=["acc", "loss"])
+    p.add_argument("--gap", default=None, choices=["acc", "loss"],
+                   help="the gap (default: the study's report.gap, from its study.yaml)")
     args = p.parse_args()
     for exp in map(Path, args.experiments):
-        n, rows = shares(exp, args.gap)
-        print(f"{exp.name} ({n} runs): share of the variance of gap_{args.gap}")
+        gap = args.gap or study_gap(exp)
+        n, rows = shares(exp, gap)
+        print(f"{exp.name} ({n} runs): share of the variance of gap_{gap}")
         for what, share in rows:
             print(f"  {what:45s} {share:.4f}")
 

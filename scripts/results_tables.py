@@ -72,7 +72,9 @@ def ranking(exp: Path) -> str:
              "| ---: | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for i, r in enumerate(corr.to_dict(orient="records"), 1):
         ci = f" [{f(r['kendall_tau_lo'])}, {f(r['kendall_tau_hi'])}]" if math.isfinite(float(r["kendall_tau_lo"])) else ""
-        lines.append(f"| {i} | `{r['measure']}` | {r['n']} | {f(r['kendall_tau'])}{ci} | {p_text(r['kendall_p'])} | "
+        is_ref = r.get("kind") == "reference"
+        name = f"`{r['measure']}`" + (" (reference)" if is_ref else "")
+        lines.append(f"| {'' if is_ref else i} | {name} | {r['n']} | {f(r['kendall_tau'])}{ci} | {p_text(r['kendall_p'])} | "
                      f"{_group(r)} | {_share(r.get('seed_pairs_concordant'), r.get('n_seed_pairs'))} | "
                      f"{f(r.get('psi'))} | {f(r.get('sign_error_mean'))} / {f(r.get('sign_error_worst'))} | "
                      f"{f(r['spearman_rho'])} | {f(r['pearson_r'])} |")
@@ -84,28 +86,41 @@ def ranking(exp: Path) -> str:
 
 
 def axes(exp: Path) -> str:
-    """Beyond label noise: per measure, one ψ per hyperparameter axis (Jiang et al.'s granulated τ, within
-    groups that share every other axis and the seed), Ψ, the CMI score with its minimizing conditioning
-    set, Dziugaite et al.'s sign errors over the environments, and the seed pairs."""
+    """Beyond label noise: per measure, one ψ per axis (Jiang et al.'s granulated τ, within blocks that share
+    every other axis and the data draw) with its Holm-adjusted p (over every ψ test of the study), Ψ over
+    the training axes, psi_data over the data axes, the CMI score with its minimizing conditioning set,
+    Dziugaite et al.'s noise-filtered sign errors over the environments, and the replicate pairs."""
     corr = pd.read_csv(exp / "correlations.csv")
-    names = [c[len("psi_"):] for c in corr.columns if c.startswith("psi_") and not c.startswith("psi_p_")]
-    # p_psi_<axis> (earlier: psi_p_<axis>, which a reader of every psi_* column took for an axis)
-    head = "| measure | τ | " + " | ".join(f"ψ `{n}` (p)" for n in names) + \
-        " | Ψ | CMI (given) | sign error mean / worst (environments) | seed pairs ordered (n, p) |"
-    lines = [head, "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: | --- | ---: | ---: |"]
+    names = [c[len("psi_"):] for c in corr.columns
+             if c.startswith("psi_") and c != "psi_data" and not c.startswith("psi_p_")]
+    head = "| measure | τ | " + " | ".join(f"ψ `{n}` (p Holm)" for n in names) + \
+        " | Ψ (training) | psi_data | CMI (given) | sign error mean / worst (environments) | replicate pairs ordered (n, p) |"
+    lines = [head, "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: | ---: | --- | ---: | ---: |"]
     for r in corr.to_dict(orient="records"):
         cmi = f(r.get("cmi"))
         if cmi != "n/a" and isinstance(r.get("cmi_condition"), str):
             cmi += f" ({r['cmi_condition']})"
         envs = r.get("n_environments")
         envs = int(envs) if isinstance(envs, (int, float)) and math.isfinite(float(envs)) else 0
-        psis = [f"{f(r[f'psi_{n}'])} ({p_text(r.get(f'p_psi_{n}', r.get(f'psi_p_{n}')))})" for n in names]
+        psis = [f"{f(r[f'psi_{n}'])} ({p_text(r.get(f'p_psi_holm_{n}'))})" for n in names]
         seeds = _share(r.get("seed_pairs_concordant"), r.get("n_seed_pairs"))
-        if seeds != "n/a" and "seed_pairs_p" in r:
-            seeds = seeds[:-1] + f", p {p_text(r['seed_pairs_p'])})"
-        lines.append(f"| `{r['measure']}` | {f(r['kendall_tau'])} | " + " | ".join(psis)
-                     + f" | {f(r.get('psi'))} | {cmi} | {f(r.get('sign_error_mean'))} / "
+        if seeds != "n/a":
+            seeds = seeds[:-1] + f", p {p_text(r.get('seed_pairs_p'))})"
+        name = f"`{r['measure']}`" + (" (reference)" if r.get("kind") == "reference" else "")
+        lines.append(f"| {name} | {f(r['kendall_tau'])} | " + " | ".join(psis)
+                     + f" | {f(r.get('psi'))} | {f(r.get('psi_data'))} | {cmi} | {f(r.get('sign_error_mean'))} / "
                      f"{f(r.get('sign_error_worst'))} ({envs}) | {seeds} |")
+    return "\n".join(lines)
+
+
+def bands(exp: Path) -> str:
+    """The floor: the pure-noise reference's mean and 95% band of every statistic (reference_bands.csv)."""
+    frame = pd.read_csv(exp / "reference_bands.csv")
+    lines = ["| statistic | pure-noise mean | 95% band |", "| --- | ---: | --- |"]
+    for r in frame.to_dict(orient="records"):
+        if not math.isfinite(float(r["mean"])):
+            continue
+        lines.append(f"| {r['statistic']} | {f(r['mean'])} | [{f(r['q025'])}, {f(r['q975'])}] |")
     return "\n".join(lines)
 
 
@@ -142,15 +157,18 @@ def pairs(exp: Path) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def variance(exp: Path) -> str:
-    """The share of the gap's variance each axis explains (scripts/gap_variance.py)."""
+def variance(exp: Path, gap: str | None = None) -> str:
+    """The share of the gap's variance each axis explains (scripts/gap_variance.py); the study's gap unless
+    `gap` is given."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gap_variance", Path(__file__).with_name("gap_variance.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    n, rows = module.shares(exp, "acc")
-    lines = [f"| share of the variance of the accuracy gap ({n} runs) | |", "| --- | ---: |"]
+    gap = gap or module.study_gap(exp)
+    n, rows = module.shares(exp, gap)
+    what = {"acc": "accuracy gap", "loss": "loss gap (test − train cross-entropy)"}[gap]
+    lines = [f"| share of the variance of the {what} ({n} runs) | |", "| --- | ---: |"]
     lines += [f"| {what} | {share:.4f} |" for what, share in rows]
     return "\n".join(lines)
 
@@ -430,6 +448,7 @@ def summary(cpu: Path) -> str:
 
 
 SECTIONS = {"walltime": walltime, "endpoint": endpoint, "variance": variance, "ranking": ranking, "axes": axes,
+            "bands": bands, "variance_acc": lambda exp: variance(exp, "acc"),
             "pairs": pairs,
             "by_model": by_model, "levels": levels,
             "levels_by_model": levels_by_model, "solvers": solvers, "audit": audit}

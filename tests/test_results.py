@@ -1,11 +1,11 @@
-"""The committed reproductions (results/cpu/) cannot silently drift from the code: the report rebuilt from a
-committed study's run files gives the same tables as the committed ones.
+"""The committed studies (results/cpu/) cannot silently drift from the code: every committed study's
+numbers, rebuilt from its run files by the current code, are the committed ones.
 
-table.csv does not depend on the statistics and is compared whatever the committed report's age. The
-statistics files (correlations.csv, comparisons.csv, reference_bands.csv, environments.csv) are compared
-when the committed report was written by the current statistics (correlations.csv has the `kind` column of
-the reference rows, issue 27); a committed report from before is reported as stale (xfail, naming the
-study), never compared with numbers of another method nor silently passed."""
+For every study (and the natural study's accuracy-gap report in natural/gap_acc/), table.csv and the
+statistics files (correlations.csv, comparisons.csv, reference_bands.csv, environments.csv) are rebuilt by
+`report_study(..., statistics_only=True)` (the report's own code path, without its figures) and compared
+number by number; the smallest study is also rebuilt as a whole report (figures and pages). A committed
+report written by other statistics than the current ones fails here, naming the study to regenerate."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ STATISTICS_FILES = ("correlations.csv", "comparisons.csv", "reference_bands.csv"
 
 def test_reproductions_are_committed():
     names = {p.name for p in STUDIES}
-    assert {"tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist", "hyperparameters"} <= names, names
+    assert {"natural", "tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist", "hyperparameters"} <= names, names
 
 
 def _assert_frames_equal(ours: pd.DataFrame, committed: pd.DataFrame, what: str) -> None:
@@ -38,24 +38,47 @@ def _assert_frames_equal(ours: pd.DataFrame, committed: pd.DataFrame, what: str)
             assert a.astype(str).tolist() == b.astype(str).tolist(), f"{what}: column {col}"
 
 
-@pytest.mark.parametrize("name", ["yi_mnist"])
-def test_report_rebuilt_from_a_committed_study_is_the_committed_report(name, tmp_path):
-    """Rebuild one committed study's report (the smallest: this runs in the suite) from its run.json and
-    measures.json files and compare every number."""
+REPORTS = [(p.name, p, None) for p in STUDIES if p.name != "comparison"]
+if (ROOT / "results" / "cpu" / "natural" / "gap_acc" / "correlations.csv").is_file():
+    REPORTS.append(("natural/gap_acc", ROOT / "results" / "cpu" / "natural", "acc"))
+
+
+def test_the_natural_study_and_its_accuracy_gap_report_are_committed():
+    names = {name for name, _, _ in REPORTS}
+    assert {"natural", "natural/gap_acc"} <= names, names
+
+
+@pytest.mark.parametrize("name,exp,gap", REPORTS, ids=[name for name, _, _ in REPORTS])
+def test_every_committed_study_rebuilds_to_its_committed_numbers(name, exp, gap, tmp_path):
+    """Rebuild a committed study's table and statistics from its run.json and measures.json files (the
+    report's seed 0 and settings from its study.yaml, `gap` where the committed report chose another) and
+    compare every number."""
     from flatbench.study.report import report_study
 
-    exp = ROOT / "results" / "cpu" / name
-    copy = tmp_path / name
+    copy = tmp_path / exp.name
+    shutil.copytree(exp, copy, ignore=shutil.ignore_patterns("*.png", "*.html", "*.md", "*.csv", "*.log",
+                                                             "gap_acc", "audit_layer"))
+    report_study([copy], gap=gap, echo=lambda _line: None, quiet=True, statistics_only=True)
+    committed_dir = ROOT / "results" / "cpu" / name
+    _assert_frames_equal(pd.read_csv(copy / "table.csv"), pd.read_csv(committed_dir / "table.csv"),
+                         f"{name}/table.csv")
+    committed = pd.read_csv(committed_dir / "correlations.csv")
+    assert "kind" in committed.columns, (f"results/cpu/{name} was reported before the issue-27 statistics: "
+                                         f"regenerate it (flatbench report results/cpu/{name})")
+    ours = pd.read_csv(copy / "correlations.csv")
+    assert list(ours["measure"][-2:]) == ["ref.random", "ref.replicate_gap"]
+    for csv in STATISTICS_FILES:
+        _assert_frames_equal(pd.read_csv(copy / csv), pd.read_csv(committed_dir / csv), f"{name}/{csv}")
+
+
+def test_a_whole_report_rebuilt_from_a_committed_study_has_the_committed_numbers(tmp_path):
+    """The smallest study rebuilt as a whole report (figures, report.md, report.html): the same files."""
+    from flatbench.study.report import report_study
+
+    exp = ROOT / "results" / "cpu" / "yi_mnist"
+    copy = tmp_path / "yi_mnist"
     shutil.copytree(exp, copy, ignore=shutil.ignore_patterns("*.png", "*.html", "*.md", "*.csv", "*.log"))
     report_study([copy], echo=lambda _line: None, quiet=True)
-    _assert_frames_equal(pd.read_csv(copy / "table.csv"), pd.read_csv(exp / "table.csv"), f"{name}/table.csv")
-    ours = pd.read_csv(copy / "correlations.csv")
-    assert list(ours["kind"][-2:]) == ["reference", "reference"]
-    assert list(ours["measure"][-2:]) == ["ref.random", "ref.replicate_gap"]
-    assert all((copy / f).is_file() for f in STATISTICS_FILES)
-    committed = pd.read_csv(exp / "correlations.csv")
-    if "kind" not in committed.columns:
-        pytest.xfail(f"results/cpu/{name} was reported before the issue-27 statistics: regenerate it "
-                     f"(flatbench report results/cpu/{name})")
-    for csv in STATISTICS_FILES:
-        _assert_frames_equal(pd.read_csv(copy / csv), pd.read_csv(exp / csv), f"{name}/{csv}")
+    assert (copy / "report.html").is_file() and (copy / "report.md").is_file()
+    for csv in ("table.csv", *STATISTICS_FILES):
+        _assert_frames_equal(pd.read_csv(copy / csv), pd.read_csv(exp / csv), f"yi_mnist/{csv}")

@@ -61,3 +61,35 @@ def test_hyperparameter_study_trains_every_run_to_one_loss_target():
     assert len(targets) == 1 and None not in targets
     header = HP.read_text().split("\nname:")[0]
     assert "Run time" in header and "128 runs" in header
+
+
+TRAINING_AXES = {"model.widths", "model.dropout", "model.batch_norm", "model.depth", "model.width", "train.lr",
+                 "train.batch_size", "train.weight_decay", "train.optimizer", "train.momentum", "data.augment"}
+"""Issue 27's training hyperparameters (width, depth, dropout, learning rate, batch size, weight decay,
+optimizer, augmentation); the training-set size is a data axis and the seeds are replicates."""
+
+
+@pytest.mark.parametrize("path", [ROOT / "configs" / "cpu" / "natural.yaml", ROOT / "configs" / "paper" / "natural.yaml"],
+                         ids=["cpu", "paper"])
+def test_natural_study_is_label_free_with_five_training_axes_and_five_crossed_replicates(path):
+    """Ratio 0 only; at least 5 training axes, at least 3 of them at 3 levels or more, in a full product;
+    at least 5 replicates whose data draws are crossed with the configurations (every configuration sees
+    the same draws)."""
+    study = load_study(path)
+    runs = [run for _, run in study.runs]
+    assert {run.data.random_label_ratio for run in runs} == {0.0}
+    ids = [_identity(r) for r in runs]
+    axes = [a for a in study.sweep_axes if a not in ("seed", "data.seed")]
+    training = [a for a in axes if a in TRAINING_AXES]
+    assert len(training) >= 5, axes
+    levels = {a: {repr(i[a]) for i in ids} for a in axes}
+    assert sum(len(levels[a]) >= 3 for a in training) >= 3, levels
+    configs = {tuple(repr(i[a]) for a in axes) for i in ids}
+    assert len(configs) == len(list(itertools.product(*levels.values())))
+    draws = {}
+    for run, i in zip(runs, ids):
+        draws.setdefault(tuple(repr(i[a]) for a in axes), set()).add(run.data_seed)
+    assert len(set(map(frozenset, draws.values()))) == 1 and len(next(iter(draws.values()))) >= 5
+    targets = {run.train.target_train_loss for run in runs}
+    assert len(targets) == 1 and None not in targets
+    assert "Run time" in path.read_text().split("\nname:")[0]

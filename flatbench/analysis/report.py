@@ -46,7 +46,7 @@ from flatbench.analysis.verdict import build_verdict
 from flatbench.config import ReportConfig
 from flatbench.errors import FlatbenchError
 
-__all__ = ["ReportSummary", "build_table", "format_summary", "plot_filename", "write_report"]
+__all__ = ["ReportSummary", "build_table", "format_summary", "plot_filename", "write_report", "write_statistics"]
 
 
 @dataclass
@@ -105,6 +105,20 @@ def _write_tables(out_dir: Path, table: pd.DataFrame, analysis: Analysis, levels
         (out_dir / "correlations_by_level.csv").unlink(missing_ok=True)
 
 
+def write_statistics(exp_dirs: list[Path], out_dir: Path, records: list[RunRecord], settings: ReportConfig,
+                     n_boot: int = N_BOOT, seed: int = 0, stale: list[RunRecord] | None = None
+                     ) -> tuple[pd.DataFrame, Analysis, pd.DataFrame, Any]:
+    """The report's numbers without its figures and pages: table.csv, correlations.csv, comparisons.csv,
+    reference_bands.csv, environments.csv (and correlations_by_level.csv). `write_report` writes them this
+    way first; tests/test_results.py rebuilds every committed study's numbers with it (the figures take
+    five times as long as the statistics and hold no number the files do not)."""
+    table, analysis = _analysis(exp_dirs, records, settings.gap, settings.min_train_acc, n_boot, seed, stale)
+    endpoint = check_endpoint(analysis.included, settings.max_train_loss, settings.max_loss_span)
+    levels = level_correlations(records, gap=settings.gap, n_boot=n_boot, seed=seed, final=analysis.correlations)
+    _write_tables(out_dir, table, analysis, levels)
+    return table, analysis, levels, endpoint
+
+
 def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str | None = None,
                  min_train_acc: float | None = None, quiet: bool = False, echo: Callable[[str], Any] = print,
                  n_boot: int = N_BOOT, seed: int = 0, records: list[RunRecord] | None = None,
@@ -127,11 +141,8 @@ def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str
     given = {"gap": gap, "min_train_acc": min_train_acc, "max_train_loss": max_train_loss,
              "max_loss_span": max_loss_span}
     settings = dataclasses.replace(report_cfg or ReportConfig(), **{k: v for k, v in given.items() if v is not None})
+    table, analysis, levels, endpoint = write_statistics(exp_dirs, out_dir, records, settings, n_boot, seed, stale)
     gap, min_train_acc = settings.gap, settings.min_train_acc
-    table, analysis = _analysis(exp_dirs, records, gap, min_train_acc, n_boot, seed, stale)
-    endpoint = check_endpoint(analysis.included, settings.max_train_loss, settings.max_loss_span)
-    levels = level_correlations(records, gap=gap, n_boot=n_boot, seed=seed, final=analysis.correlations)
-    _write_tables(out_dir, table, analysis, levels)
     ctx = _context(exp_dirs, out_dir, records, table, analysis, n_boot, seed, min_train_acc, endpoint, levels,
                    measure_info)
     doc = build_document(ctx)

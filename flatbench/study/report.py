@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flatbench import store
-from flatbench.analysis.report import ReportSummary, snapshot_records, write_report
+from flatbench.analysis.report import ReportSummary, snapshot_records, write_report, write_statistics
 from flatbench.analysis.table import load_records
 from flatbench.config import ReportConfig
 from flatbench.errors import ConfigError, FlatbenchError
@@ -20,9 +20,11 @@ from flatbench.study.spec import check_output_dir, read_saved_study
 
 def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | None = None,
                  min_train_acc: float | None = None, include_stale: bool | None = None,
-                 echo: Callable[[str], Any] = print, quiet: bool = False, seed: int = 0) -> ReportSummary:
+                 echo: Callable[[str], Any] = print, quiet: bool = False, seed: int = 0,
+                 statistics_only: bool = False) -> ReportSummary | None:
     """The report stage over experiment folders, as `flatbench report` runs it. `seed` seeds the report's
-    resampling (bootstrap and Monte-Carlo permutations; `flatbench report --seed`).
+    resampling (bootstrap and Monte-Carlo permutations; `flatbench report --seed`). `statistics_only`
+    writes the tables and statistics files alone (`analysis.report.write_statistics`) and returns None.
 
     Each folder's saved study (study.yaml) says which runs are the study's now: run folders left by an
     earlier version of its config are listed as not in this study and left out (`include_stale` counts
@@ -79,6 +81,9 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         check_one_setting(recs, f" (snapshots at train loss {level:g})")
     echo(f"building the report from {len(records)} runs"
          + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
+    if statistics_only:
+        write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale)
+        return None
     return write_report(exp_dirs, out, gap=cfg.gap, min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo,
                         records=records, stale=stale, report_cfg=cfg, measure_info=_measure_info(records), seed=seed)
 
