@@ -7,6 +7,7 @@ once per (model, loss) and caches what measures share (the diagonal).
     operator.py       HessianOperator: products, Hutchinson trace and diagonal, top eigenvalues, and the
                       choice between the exact and the estimated diagonal
     diagonal.py       the exact Hessian diagonal of piecewise-linear networks (the method is explained there)
+    smooth.py         the exact Hessian diagonal of Sequential chains with smooth activations (GGN + σ'' terms)
     applicability.py  which networks qualify (`exact_applicable`), the traced aten operations of a forward
     group.py          the exact diagonal of G same-architecture MLPs at once (one batched computation)
     hvp.py            Hessian-vector products (torch.func; double backward where forward mode is missing)
@@ -26,6 +27,7 @@ from flatbench.curvature.group import group_hessian_diagonals, mlp_linears
 from flatbench.curvature.hvp import HVP_MODES, forward_ad_missing, hvp, hvp_mode_of, math_attention, use_hvp_mode
 from flatbench.curvature.lanczos import lanczos_operator
 from flatbench.curvature.operator import DEFAULT_HUTCHINSON_PROBES, HessianOperator, hessian_diagonal
+from flatbench.curvature.smooth import smooth_chain
 
 __all__ = [
     "DEFAULT_HUTCHINSON_PROBES",
@@ -46,6 +48,7 @@ __all__ = [
     "ops_outside",
     "per_layer_traces",
     "register_piecewise_linear_container",
+    "smooth_chain",
     "traced_ops",
     "use_hvp_mode",
 ]

@@ -9,7 +9,7 @@ Hutchinson and Lanczos. `HessianOperator` holds them once, like curvlinops' `Hes
     H = HessianOperator(model, inputs, targets, loss, chunk_size=2000)
     H @ v                      # Hessian-vector product; v a dict keyed like named_parameters, or flat
     H.trace(generator=g)       # Hutchinson's estimate, with its standard error
-    H.diagonal()               # exact for piecewise-linear networks, else Hutchinson (DiagonalResult)
+    H.diagonal()               # exact for piecewise-linear nets and smooth chains, else Hutchinson
     H.top_eigenvalues(k=1, generator=g)   # Lanczos with full reorthogonalization
 
 The operator reads the model's parameters when it is applied (it holds no copy), so it stays valid while
@@ -29,12 +29,13 @@ from flatbench.curvature.common import Welford, detached_params, flatten, radema
 from flatbench.curvature.diagonal import DiagonalResult, NotExact, exact_diagonal
 from flatbench.curvature.hvp import hvp
 from flatbench.curvature.lanczos import lanczos_operator
+from flatbench.curvature.smooth import smooth_chain, smooth_diagonal
 from flatbench.seeding import make_generator
 
 DEFAULT_HUTCHINSON_PROBES = 100
 """Probes of the Hutchinson diagonal where the exact one does not apply (and of `trace` when neither
 probes nor rtol are given)."""
-DIAGONAL_METHODS = ("auto", "exact", "hutchinson")
+DIAGONAL_METHODS = ("auto", "exact", "dense", "hutchinson")
 
 
 class HessianOperator:
@@ -96,31 +97,69 @@ class HessianOperator:
 
     def diagonal(self, *, method: str = "auto", max_memory_mb: int = 1024,
                  generator: torch.Generator | None = None,
-                 hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES) -> DiagonalResult:
-        """diag H: exact where the network's logits are piecewise linear in every single parameter
-        (`curvature.diagonal`, decided by `exact_applicable`), else Hutchinson's estimate.
+                 hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES, dense_max_params: int = 0) -> DiagonalResult:
+        """diag H: exact where it can be, else Hutchinson's estimate.
 
-        `method` is 'auto', 'exact' (ValueError when not applicable) or 'hutchinson'. `loss` must provide
-        `logit_hessian` for the exact path (`flatbench.losses`). The generator is only used by Hutchinson;
-        without one a fixed seed is used so results stay reproducible."""
+        Exact, in this order: where the logits are piecewise linear in every single parameter
+        (`curvature.diagonal`, decided by `exact_applicable`; the GGN is the Hessian there); for a Sequential
+        chain with smooth elementwise activations (`curvature.smooth`: the GGN plus the σ'' terms); for a
+        model of at most `dense_max_params` parameters (default 0: never), by one HVP per parameter
+        (`dense_diagonal`). `method` is 'auto', 'exact' (ValueError when none applies), 'dense' or
+        'hutchinson'. `loss` must provide `logit_hessian` for the first two (`flatbench.losses`). The
+        generator is only used by Hutchinson; without one a fixed seed keeps results reproducible."""
         if method not in DIAGONAL_METHODS:
-            raise ValueError(f"method must be auto, exact or hutchinson, got {method!r}")
-        ok, reason = exact_applicable(self.model, self.inputs[:1])
-        if method == "exact" and not ok:
-            raise ValueError(f"exact Hessian diagonal not applicable: {reason}")
-        if ok and method != "hutchinson":
-            try:
-                return exact_diagonal(self.model, self.inputs, self.targets, self.loss,
-                                      max_memory_mb=max_memory_mb, chunk_size=self.chunk_size)
-            except NotExact as exc:
-                if method == "exact":
-                    raise ValueError(f"exact Hessian diagonal not applicable: {exc}") from None
-                reason = str(exc)
-        elif method == "hutchinson" and ok:
-            reason = "hutchinson requested"
+            raise ValueError(f"method must be auto, exact, dense or hutchinson, got {method!r}")
+        if method == "dense":
+            return self.dense_diagonal(reason="dense requested")
+        if method == "hutchinson":
+            ok, why = exact_applicable(self.model, self.inputs[:1])
+            reason = "hutchinson requested" if ok else why
+        else:
+            found, reason = self._exact_diagonal(max_memory_mb, dense_max_params)
+            if found is not None:
+                return found
+            if method == "exact":
+                raise ValueError(f"exact Hessian diagonal not applicable: {reason}")
         if generator is None:
             generator = make_generator("hessian_diagonal", "default", device=self.inputs.device)
         return self.hutchinson_diagonal(generator=generator, probes=hutchinson_probes, reason=reason)
+
+    def _exact_diagonal(self, max_memory_mb: int, dense_max_params: int) -> tuple[DiagonalResult | None, str]:
+        """The first exact diagonal that applies (piecewise linear, smooth chain, dense), or (None, why
+        none does: the piecewise-linear verdict first, then the smooth chain's)."""
+        ok, reason = exact_applicable(self.model, self.inputs[:1])
+        kw = {"max_memory_mb": max_memory_mb, "chunk_size": self.chunk_size}
+        if ok:
+            try:
+                return exact_diagonal(self.model, self.inputs, self.targets, self.loss, **kw), reason
+            except NotExact as exc:
+                reason = str(exc)
+        else:
+            chain, why = smooth_chain(self.model)
+            if chain is not None:
+                try:
+                    return smooth_diagonal(self.model, self.inputs, self.targets, self.loss, **kw), why
+                except NotExact as exc:
+                    why = str(exc)
+            reason = f"{reason}; {why}"
+        if self.size <= dense_max_params:
+            return self.dense_diagonal(reason=f"{self.size} parameters ≤ {dense_max_params}"), ""
+        return None, reason
+
+    def dense_diagonal(self, *, reason: str = "") -> DiagonalResult:
+        """diag H by one HVP per parameter (H e_i), exact for any architecture; cost: `size` HVPs over
+        the whole set, so only for small models (`dense_max_params`)."""
+        params = self.params
+        flat = torch.zeros(self.size, dtype=torch.float64)
+        basis = torch.zeros(self.size, dtype=next(iter(params.values())).dtype,
+                            device=next(iter(params.values())).device)
+        for i in range(self.size):
+            basis[i] = 1.0
+            flat[i] = float((self @ basis)[i])
+            basis[i] = 0.0
+        diag = {k: v.to(torch.float64) for k, v in unflatten(flat, params).items()}
+        return DiagonalResult(diag=diag, method="exact", reason=f"dense: {reason}" if reason else "dense",
+                              n=int(self.inputs.shape[0]))
 
     def hutchinson_diagonal(self, *, generator: torch.Generator, probes: int = DEFAULT_HUTCHINSON_PROBES,
                             reason: str = "hutchinson requested") -> DiagonalResult:

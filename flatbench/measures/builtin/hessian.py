@@ -32,7 +32,8 @@ def _finite(x: float | None) -> float | None:
 @register_measure(
     "hessian_trace",
     description="Tr H of the loss on the measurement set: exact from the Hessian diagonal for "
-                "piecewise-linear networks, else Hutchinson (Rademacher probes); also per parameter tensor",
+                "piecewise-linear networks and smooth Sequential chains, else Hutchinson (Rademacher probes); "
+                "also per parameter tensor",
     invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS)
 def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `method` auto (exact where applicable, the shared cached diagonal) | exact (not applicable
