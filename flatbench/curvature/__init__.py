@@ -10,7 +10,9 @@ once per (model, loss) and caches what measures share (the diagonal).
     smooth.py         the exact Hessian diagonal of Sequential chains with smooth activations (GGN + σ'' terms)
     applicability.py  which networks qualify (`exact_applicable`), the traced aten operations of a forward
     group.py          the exact diagonal of G same-architecture MLPs at once (one batched computation)
-    hvp.py            Hessian-vector products (torch.func; double backward where forward mode is missing)
+    hvp.py            Hessian-vector products (torch.func; double backward where forward mode is missing), and
+                      the dense diagonal of a small model of any architecture (one backward pass per parameter)
+    trace.py          Tr H to a requested relative standard error by adaptive Hutch++
     lanczos.py        top eigenvalues by Lanczos of any symmetric operator
     common.py         chunking, flat parameter vectors, probes, the loss as a function of the parameters
 """
@@ -28,9 +30,11 @@ from flatbench.curvature.hvp import HVP_MODES, forward_ad_missing, hvp, hvp_mode
 from flatbench.curvature.lanczos import lanczos_operator
 from flatbench.curvature.operator import DEFAULT_HUTCHINSON_PROBES, HessianOperator, hessian_diagonal
 from flatbench.curvature.smooth import smooth_chain
+from flatbench.curvature.trace import HUTCHPP_DEFAULTS, hutchpp_trace
 
 __all__ = [
     "DEFAULT_HUTCHINSON_PROBES",
+    "HUTCHPP_DEFAULTS",
     "HVP_MODES",
     "POSITIVELY_HOMOGENEOUS_OPS",
     "DiagonalResult",
@@ -40,6 +44,7 @@ __all__ = [
     "group_hessian_diagonals",
     "hessian_diagonal",
     "hvp",
+    "hutchpp_trace",
     "hvp_mode_of",
     "lanczos_operator",
     "logit_factors",

@@ -9,6 +9,7 @@ Hutchinson and Lanczos. `HessianOperator` holds them once, like curvlinops' `Hes
     H = HessianOperator(model, inputs, targets, loss, chunk_size=2000)
     H @ v                      # Hessian-vector product; v a dict keyed like named_parameters, or flat
     H.trace(generator=g)       # Hutchinson's estimate, with its standard error
+    H.hutchpp_trace(generator=g, rtol=0.01)   # Hutch++ until the relative standard error is rtol
     H.diagonal()               # exact for piecewise-linear nets and smooth chains, else Hutchinson
     H.top_eigenvalues(k=1, generator=g)   # Lanczos with full reorthogonalization
 
@@ -27,9 +28,10 @@ from torch import Tensor, nn
 from flatbench.curvature.applicability import exact_applicable
 from flatbench.curvature.common import Welford, detached_params, flatten, rademacher, unflatten
 from flatbench.curvature.diagonal import DiagonalResult, NotExact, exact_diagonal
-from flatbench.curvature.hvp import hvp
+from flatbench.curvature.hvp import dense_diagonal, hvp
 from flatbench.curvature.lanczos import lanczos_operator
 from flatbench.curvature.smooth import smooth_chain, smooth_diagonal
+from flatbench.curvature.trace import HUTCHPP_DEFAULTS, hutchpp_trace
 from flatbench.seeding import make_generator
 
 DEFAULT_HUTCHINSON_PROBES = 100
@@ -95,6 +97,27 @@ class HessianOperator:
                 break
         return {"mean": float(acc.mean), "stderr": float(acc.stderr()), "probes": acc.count}
 
+    def hutchpp_trace(self, *, generator: torch.Generator, **settings: Any) -> dict[str, Any]:
+        """Tr H to a requested relative standard error by adaptive Hutch++ (`curvature.trace`), with the
+        trace of each parameter tensor (`block_traces`, keyed like `named_parameters` in `per_param`).
+        `settings`: rtol, max_hvps, sketch, min_probes (`HUTCHPP_DEFAULTS`)."""
+        params = self.params
+        device = next(iter(params.values())).device
+        out = hutchpp_trace(self.flat_matvec(), self.size, generator=generator, device=device,
+                            blocks=[p.numel() for p in params.values()], **{**HUTCHPP_DEFAULTS, **settings})
+        out["per_param"] = dict(zip(params, out["block_traces"]))
+        out["stderr_per_param"] = dict(zip(params, out["block_stderrs"]))
+        return out
+
+    def exact_diagonal_applies(self) -> tuple[bool, str]:
+        """Whether a structural exact diagonal (piecewise linear, or a smooth Sequential chain) applies to
+        the model, and why (not), without computing anything beyond a traced forward on one example."""
+        ok, reason = exact_applicable(self.model, self.inputs[:1])
+        if ok:
+            return True, reason
+        chain, why = smooth_chain(self.model)
+        return chain is not None, why if chain is not None else f"{reason}; {why}"
+
     def diagonal(self, *, method: str = "auto", max_memory_mb: int = 1024,
                  generator: torch.Generator | None = None,
                  hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES, dense_max_params: int = 0) -> DiagonalResult:
@@ -147,17 +170,9 @@ class HessianOperator:
         return None, reason
 
     def dense_diagonal(self, *, reason: str = "") -> DiagonalResult:
-        """diag H by one HVP per parameter (H e_i), exact for any architecture; cost: `size` HVPs over
-        the whole set, so only for small models (`dense_max_params`)."""
-        params = self.params
-        flat = torch.zeros(self.size, dtype=torch.float64)
-        basis = torch.zeros(self.size, dtype=next(iter(params.values())).dtype,
-                            device=next(iter(params.values())).device)
-        for i in range(self.size):
-            basis[i] = 1.0
-            flat[i] = float((self @ basis)[i])
-            basis[i] = 0.0
-        diag = {k: v.to(torch.float64) for k, v in unflatten(flat, params).items()}
+        """diag H row by row (`hvp.dense_diagonal`: one second-order backward pass per parameter), exact for
+        any architecture; for small models (`dense_max_params`)."""
+        diag = dense_diagonal(self.model, self.inputs, self.targets, self.loss, chunk_size=self.chunk_size)
         return DiagonalResult(diag=diag, method="exact", reason=f"dense: {reason}" if reason else "dense",
                               n=int(self.inputs.shape[0]))
 

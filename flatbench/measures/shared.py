@@ -40,6 +40,13 @@ def hessian_diagonal(ctx: MeasureContext, loss_name: str | None = None) -> Diago
     return ctx.cached(_diagonal_key(loss_name, ctx.normalized_ce_tau), compute)
 
 
+def dense_diagonal(ctx: MeasureContext) -> DiagonalResult:
+    """The Hessian diagonal by one HVP per parameter (exact for any architecture; for small models), once
+    per model and loss."""
+    key = ("hessian_diagonal_dense", ctx.loss_name, ctx.normalized_ce_tau)
+    return ctx.cached(key, lambda: ctx.hessian.dense_diagonal(reason=f"{ctx.hessian.size} parameters"))
+
+
 def hutchinson_diagonal(ctx: MeasureContext, probes: int) -> DiagonalResult:
     """Hutchinson's estimate of the diagonal with `probes` probes (even where the exact one exists)."""
     key = ("hessian_diagonal_hutchinson", ctx.loss_name, ctx.normalized_ce_tau, probes)
@@ -107,6 +114,7 @@ def prime_hessian_diagonals(contexts: list[MeasureContext], losses: list[str] | 
 
 
 __all__: list[Any] = [
+    "dense_diagonal",
     "forward_ops",
     "hessian_diagonal",
     "hutchinson_diagonal",

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flatbench.curvature import DEFAULT_HUTCHINSON_PROBES, DiagonalResult, per_layer_traces
+from flatbench.curvature import DEFAULT_HUTCHINSON_PROBES, HUTCHPP_DEFAULTS, DiagonalResult, per_layer_traces
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 
-TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES}
+TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES, "exact_max_params": 3000,
+                                 **{k: HUTCHPP_DEFAULTS[k] for k in ("rtol", "max_hvps", "sketch")}}
+TRACE_METHODS = ("auto", "exact", "hutchinson", "hutchpp")
 MAX_EIG_DEFAULTS: dict[str, Any] = {"iters": 100, "tol": 1e-6, "k": 1}
 
 
@@ -32,22 +34,39 @@ def _finite(x: float | None) -> float | None:
 @register_measure(
     "hessian_trace",
     description="Tr H of the loss on the measurement set: exact from the Hessian diagonal for "
-                "piecewise-linear networks and smooth Sequential chains, else Hutchinson (Rademacher probes); "
-                "also per parameter tensor",
+                "piecewise-linear networks, smooth Sequential chains and small models, else Hutch++ to a "
+                "requested relative standard error; also per parameter tensor",
     invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS)
 def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
-    """Settings: `method` auto (exact where applicable, the shared cached diagonal) | exact (not applicable
-    when the premise fails) | hutchinson (always estimate; `probes` Rademacher probes)."""
+    """Settings: `method` auto (exact where it can be: the shared cached diagonal of piecewise-linear
+    networks and smooth Sequential chains, else one HVP per parameter up to `exact_max_params` parameters;
+    else Hutch++) | exact (not applicable where none of the exact paths applies) | hutchpp (always Hutch++:
+    stop at relative standard error `rtol`, at most `max_hvps` HVPs, `sketch` deflation vectors) |
+    hutchinson (`probes` Rademacher probes)."""
     method = _setting(ctx, TRACE_DEFAULTS, "method")
-    if method not in ("auto", "exact", "hutchinson"):
-        raise ValueError(f"hessian_trace: method must be auto, exact or hutchinson, got {method!r}")
-    probes = int(_setting(ctx, TRACE_DEFAULTS, "probes"))
+    if method not in TRACE_METHODS:
+        raise ValueError(f"hessian_trace: method must be one of {', '.join(TRACE_METHODS)}, got {method!r}")
     if method == "hutchinson":
-        result: DiagonalResult = shared.hutchinson_diagonal(ctx, probes)
-    else:
-        result = shared.hessian_diagonal(ctx)
-        if method == "exact" and result.method != "exact":
-            raise NotApplicable(f"exact Hessian diagonal not applicable: {result.reason}")
+        return _diagonal_output(ctx, shared.hutchinson_diagonal(ctx, int(_setting(ctx, TRACE_DEFAULTS, "probes"))))
+    reason = "hutchpp requested"
+    if method != "hutchpp":
+        applies, reason = ctx.hessian.exact_diagonal_applies()
+        if applies:
+            result: DiagonalResult = shared.hessian_diagonal(ctx)
+            if result.method == "exact":
+                return _diagonal_output(ctx, result)
+            reason = result.reason
+        limit = int(_setting(ctx, TRACE_DEFAULTS, "exact_max_params"))
+        if ctx.hessian.size <= limit:
+            return _diagonal_output(ctx, shared.dense_diagonal(ctx))
+        reason = f"{reason}; {ctx.hessian.size} parameters > exact_max_params ({limit})"
+        if method == "exact":
+            raise NotApplicable(f"exact Hessian diagonal not applicable: {reason}")
+    return _hutchpp_output(ctx, reason)
+
+
+def _diagonal_output(ctx: MeasureContext, result: DiagonalResult) -> MeasureOutput:
+    """The trace and per-tensor traces of a diagonal (exact, or Hutchinson's with its standard errors)."""
     per_param = per_layer_traces(result)
     values = {"hessian_trace": sum(per_param.values())}
     values.update({f"hessian_trace/{name}": v for name, v in per_param.items()})
@@ -56,6 +75,27 @@ def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
     if result.method == "hutchinson":
         info.update(probes=result.probes, stderr=_finite(result.total_trace_stderr),
                     stderr_per_param={k: _finite(v) for k, v in (result.trace_stderr or {}).items()})
+    if ctx.loss_name == "normalized_ce":
+        info["normalized_ce_tau"] = ctx.normalized_ce_tau
+    return MeasureOutput(values, info)
+
+
+def _hutchpp_output(ctx: MeasureContext, reason: str) -> MeasureOutput:
+    """Hutch++ until the relative standard error is `rtol` (`curvature.trace`): the estimate, the error
+    it reached, its cost in HVPs and whether it converged within `max_hvps`."""
+    rtol, max_hvps = float(_setting(ctx, TRACE_DEFAULTS, "rtol")), int(_setting(ctx, TRACE_DEFAULTS, "max_hvps"))
+    sketch = int(_setting(ctx, TRACE_DEFAULTS, "sketch"))
+    if not rtol > 0 or max_hvps < 1 or sketch < 0:
+        raise ValueError(f"hessian_trace: rtol must be > 0, max_hvps ≥ 1 and sketch ≥ 0 (got {rtol}, {max_hvps}, "
+                         f"{sketch})")
+    out = ctx.hessian.hutchpp_trace(generator=ctx.generator("hutchpp"), rtol=rtol, max_hvps=max_hvps, sketch=sketch)
+    values = {"hessian_trace": out["trace"]}
+    values.update({f"hessian_trace/{name}": v for name, v in out["per_param"].items()})
+    info: dict[str, Any] = {"method": "hutchpp", "reason": reason, "loss": ctx.loss_name, "n_examples": ctx.n,
+                            "stderr": _finite(out["stderr"]), "rel_stderr": _finite(out["rel_stderr"]),
+                            "rtol": rtol, "converged": out["converged"], "hvps": out["hvps"],
+                            "probes": out["probes"], "sketch": out["sketch"],
+                            "stderr_per_param": {k: _finite(v) for k, v in out["stderr_per_param"].items()}}
     if ctx.loss_name == "normalized_ce":
         info["normalized_ce_tau"] = ctx.normalized_ce_tau
     return MeasureOutput(values, info)
