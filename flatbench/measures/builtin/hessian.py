@@ -19,6 +19,21 @@ TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON
                                  **{k: HUTCHPP_DEFAULTS[k] for k in ("rtol", "max_hvps", "sketch")}}
 TRACE_METHODS = ("auto", "exact", "hutchinson", "hutchpp")
 MAX_EIG_DEFAULTS: dict[str, Any] = {"iters": 100, "tol": 1e-6, "k": 1}
+TRACE_HELP = {
+    "method": "auto (exact where it can be, else Hutch++) | exact (not applicable where no exact path applies) "
+              "| hutchpp | hutchinson",
+    "probes": "Rademacher probes of method hutchinson (full-data HVPs); integer ≥ 1",
+    "exact_max_params": "up to this many parameters the trace is exact for any architecture (one second-order "
+                        "backward pass per parameter); integer ≥ 0, 0 turns it off",
+    "rtol": "Hutch++ stops when its standard error is at most rtol × |estimate|; > 0",
+    "max_hvps": "Hutch++ budget in HVPs, its sketch (2 × sketch) included; integer ≥ 1; reached first: "
+                "converged false in info",
+    "sketch": "Hutch++ deflation vectors (the top of the spectrum whose trace is computed exactly); integer ≥ 0, "
+              "0 is plain Hutchinson"}
+MAX_EIG_HELP = {
+    "iters": "maximum Lanczos steps (= full-data HVPs); integer ≥ 1",
+    "tol": "stop when every wanted Ritz pair's residual ‖Hy − θy‖ is at most tol × max |θ|; > 0",
+    "k": "how many top eigenvalues to report in info (the value is the largest); integer ≥ 1"}
 
 
 def _setting(ctx: MeasureContext, defaults: dict[str, Any], key: str) -> Any:
@@ -36,7 +51,7 @@ def _finite(x: float | None) -> float | None:
     description="Tr H of the loss on the measurement set: exact from the Hessian diagonal for "
                 "piecewise-linear networks, smooth Sequential chains and small models, else Hutch++ to a "
                 "requested relative standard error; also per parameter tensor",
-    invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS)
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS, settings_help=TRACE_HELP)
 def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `method` auto (exact where it can be: the shared cached diagonal of piecewise-linear
     networks and smooth Sequential chains, else one HVP per parameter up to `exact_max_params` parameters;
@@ -104,7 +119,8 @@ def _hutchpp_output(ctx: MeasureContext, reason: str) -> MeasureOutput:
 @register_measure(
     "hessian_max_eig",
     description="λ_max(H) of the loss on the measurement set by Lanczos with full reorthogonalization",
-    invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False, precision="float32")
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False, precision="float32",
+    settings_help=MAX_EIG_HELP)
 def hessian_max_eig(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `iters` (maximum Lanczos steps = full-data HVPs), `tol` (relative residual), `k` (how many
     top eigenvalues to report in info; the value is the largest)."""
