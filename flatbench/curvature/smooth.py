@@ -123,23 +123,45 @@ def _add(diag: dict[str, Tensor], names: dict[int, str], param: Tensor | None, v
 
 
 class _Backward:
-    """The backward recursion of one chunk: signed factors (u (n, d, K), s (n, K)) of each example's
-    Hessian and its gradient g (n, d), carried from the logits to the first parametrized layer."""
+    """The backward recursion of one chunk: each example's Hessian at the current point as signed factors
+    (u (n, d, K), s (n, K)) plus a pending diagonal r (n, d), and its gradient g (n, d), carried from the
+    logits to the first parametrized layer.
+
+    The residual of an activation is diagonal and stays so through BatchNorm and further activations, so
+    it is kept as r until a Linear maps it: only there does it become factors, Wᵀ diag(√|r|), built from W
+    directly (n × in × out) rather than by multiplying W with an (n × out × out) diagonal block."""
 
     def __init__(self, u: Tensor, s: Tensor, g: Tensor, diag: dict[str, Tensor], names: dict[int, str]):
         self.u, self.s, self.g, self.diag, self.names = u, s, g, diag, names
+        self.r: Tensor | None = None
 
     def out_diag(self) -> Tensor:
-        """diag ∇²ℓ_n at the current point, (n, d): Σ_k s_k u_k²."""
-        return torch.einsum("ndk,nk->nd", self.u * self.u, self.s)
+        """diag ∇²ℓ_n at the current point, (n, d): Σ_k s_k u_k² + r."""
+        d = torch.einsum("ndk,nk->nd", self.u * self.u, self.s)
+        return d if self.r is None else d + self.r
 
     def linear(self, m: nn.Linear, a: Tensor, last: bool) -> None:
         d = self.out_diag()
         _add(self.diag, self.names, m.weight, d.t() @ (a * a))
         _add(self.diag, self.names, m.bias, d.sum(0))
-        if not last:
-            self.u = torch.einsum("nok,oi->nik", self.u, m.weight.detach())
-            self.g = self.g @ m.weight.detach()
+        if last:
+            return
+        w = m.weight.detach()
+        self.u = torch.einsum("nok,oi->nik", self.u, w)
+        self.g = self.g @ w
+        if self.r is not None:
+            cols = (self.r != 0).any(0).nonzero().flatten()
+            r = self.r[:, cols]
+            self.u = torch.cat([self.u, w[cols].t()[None] * r.abs().sqrt()[:, None, :]], dim=2)
+            self.s = torch.cat([self.s, torch.where(r < 0, -1.0, 1.0).to(self.s.dtype)], dim=1)
+            self.r = None
+
+    def _scale(self, scale: Tensor) -> None:
+        """Through an elementwise map with derivative `scale` ((d,) or (n, d)): u, g and r follow."""
+        self.u = self.u * scale.unsqueeze(-1)
+        self.g = self.g * scale
+        if self.r is not None:
+            self.r = self.r * scale * scale
 
     def batch_norm(self, m: nn.BatchNorm1d, a: Tensor, last: bool) -> None:
         inv = torch.rsqrt(m.running_var + m.eps)
@@ -148,22 +170,14 @@ class _Backward:
         _add(self.diag, self.names, m.weight, (d * xhat * xhat).sum(0))
         _add(self.diag, self.names, m.bias, d.sum(0))
         if not last:
-            scale = inv * (m.weight.detach() if m.weight is not None else 1.0)
-            self.u = self.u * scale[None, :, None]
-            self.g = self.g * scale
+            self._scale(inv * (m.weight.detach() if m.weight is not None else 1.0))
 
     def activation(self, m: nn.Module, z: Tensor) -> None:
         d1, d2 = _derivatives(m, z)
-        r = d2 * self.g
-        self.u = self.u * d1[:, :, None]
-        self.g = self.g * d1
-        cols = (r != 0).any(0).nonzero().flatten()
-        if cols.numel():
-            n, width = r.shape
-            fresh = r.new_zeros(n, width, cols.numel())
-            fresh[:, cols, torch.arange(cols.numel(), device=r.device)] = r[:, cols].abs().sqrt()
-            self.u = torch.cat([self.u, fresh], dim=2)
-            self.s = torch.cat([self.s, torch.where(r[:, cols] < 0, -1.0, 1.0).to(self.s.dtype)], dim=1)
+        r = d2 * self.g  # the residual, with g = ∂ℓ/∂a before it is carried through σ
+        self._scale(d1)
+        if bool((r != 0).any()):
+            self.r = r if self.r is None else self.r + r
 
 
 def _chunk(leaves: list[nn.Module], x: Tensor, y: Tensor, loss: Any, diag: dict[str, Tensor],
