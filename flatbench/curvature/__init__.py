@@ -13,7 +13,8 @@ once per (model, loss) and caches what measures share (the diagonal).
     hvp.py            Hessian-vector products (torch.func; double backward where forward mode is missing), and
                       the dense diagonal of a small model of any architecture (one backward pass per parameter)
     trace.py          Tr H to a requested relative standard error by adaptive Hutch++
-    lanczos.py        top eigenvalues by Lanczos of any symmetric operator
+    lanczos.py        top eigenvalues by Lanczos of any symmetric operator; the Lanczos tridiagonal
+    density.py        the spectral density by stochastic Lanczos quadrature
     common.py         chunking, flat parameter vectors, probes, the loss as a function of the parameters
 """
 
@@ -24,6 +25,7 @@ from flatbench.curvature.applicability import (
     register_piecewise_linear_container,
     traced_ops,
 )
+from flatbench.curvature.density import DENSITY_DEFAULTS, slq, spectral_density
 from flatbench.curvature.diagonal import DiagonalResult, logit_factors, per_layer_traces
 from flatbench.curvature.group import group_hessian_diagonals, mlp_linears
 from flatbench.curvature.hvp import HVP_MODES, forward_ad_missing, hvp, hvp_mode_of, math_attention, use_hvp_mode
@@ -34,6 +36,7 @@ from flatbench.curvature.trace import HUTCHPP_DEFAULTS, hutchpp_trace
 
 __all__ = [
     "DEFAULT_HUTCHINSON_PROBES",
+    "DENSITY_DEFAULTS",
     "HUTCHPP_DEFAULTS",
     "HVP_MODES",
     "POSITIVELY_HOMOGENEOUS_OPS",
@@ -53,7 +56,9 @@ __all__ = [
     "ops_outside",
     "per_layer_traces",
     "register_piecewise_linear_container",
+    "slq",
     "smooth_chain",
+    "spectral_density",
     "traced_ops",
     "use_hvp_mode",
 ]

@@ -12,6 +12,7 @@ Hutchinson and Lanczos. `HessianOperator` holds them once, like curvlinops' `Hes
     H.hutchpp_trace(generator=g, rtol=0.01)   # Hutch++ until the relative standard error is rtol
     H.diagonal()               # exact for piecewise-linear nets and smooth chains, else Hutchinson
     H.top_eigenvalues(k=1, generator=g)   # Lanczos with full reorthogonalization
+    H.spectral_density(generator=g)       # stochastic Lanczos quadrature: density on a grid, moments
 
 The operator reads the model's parameters when it is applied (it holds no copy), so it stays valid while
 the weights are those it was built on; a measure that perturbs or rescales weights builds its own.
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 
 from flatbench.curvature.applicability import exact_applicable
 from flatbench.curvature.common import Welford, detached_params, flatten, rademacher, unflatten
+from flatbench.curvature.density import slq, spectral_density
 from flatbench.curvature.diagonal import DiagonalResult, NotExact, exact_diagonal
 from flatbench.curvature.hvp import dense_diagonal, hvp
 from flatbench.curvature.lanczos import lanczos_operator
@@ -201,6 +203,17 @@ class HessianOperator:
                               trace_stderr={k: float(w.stderr()) for k, w in per_tensor.items()},
                               total_trace_stderr=float(total.stderr()), reason=reason,
                               n=int(self.inputs.shape[0]))
+
+    def spectral_density(self, *, generator: torch.Generator, runs: int = 5, iters: int = 50, grid: int = 200,
+                         sigma: float = 0.01) -> dict[str, Any]:
+        """The spectral density of H by stochastic Lanczos quadrature (`curvature.density`): `runs` × `iters`
+        HVPs; the density on a grid, its moments and extreme eigenvalues, and `hvps` (the cost)."""
+        device = next(iter(self.params.values())).device
+        quad = slq(self.flat_matvec(), self.size, runs=runs, iters=iters, generator=generator, device=device)
+        out = spectral_density(quad, grid=grid, sigma=sigma)
+        out["hvps"] = sum(int(t.numel()) for t, _ in quad)
+        out["quadrature"] = quad
+        return out
 
     def top_eigenvalues(self, *, k: int = 1, iters: int = 100, generator: torch.Generator, tol: float = 1e-6
                         ) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Curvature baselines: the trace and the largest eigenvalue of the loss Hessian.
+"""Curvature baselines: the trace and the largest eigenvalue of the loss Hessian, and its spectral density.
 
 Both are scale-dependent (no function-preserving transformation leaves them unchanged: scaling one layer
 up and the next down changes the curvature), so they declare no invariance; they are the baselines the
@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flatbench.curvature import DEFAULT_HUTCHINSON_PROBES, HUTCHPP_DEFAULTS, DiagonalResult, per_layer_traces
+from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DENSITY_DEFAULTS, HUTCHPP_DEFAULTS, DiagonalResult,
+                                 per_layer_traces)
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 
@@ -134,3 +135,43 @@ def hessian_max_eig(ctx: MeasureContext) -> MeasureOutput:
     if ctx.loss_name == "normalized_ce":
         info["normalized_ce_tau"] = ctx.normalized_ce_tau
     return MeasureOutput({"hessian_max_eig": out["eigenvalues"][0]}, info)
+
+
+DENSITY_HELP = {
+    "runs": "start vectors (Rademacher); the moments' standard error is over them; integer ≥ 1",
+    "iters": "Lanczos steps per run (HVPs: runs × iters; fewer where the Krylov space is exhausted); moments up "
+             "to degree 2·iters − 1 are unbiased; integer ≥ 1",
+    "grid": "points of the density's grid (from below λ_min to above λ_max); integer ≥ 2",
+    "sigma": "Gaussian broadening, a fraction of the spectrum's width λ_max − λ_min; > 0"}
+
+
+@register_measure(
+    "hessian_density",
+    description="Spectral density of H by stochastic Lanczos quadrature (Ghorbani et al. 2019): the mean "
+                "eigenvalue (headline), moments, extreme eigenvalues and negative mass as values, the "
+                "Gaussian-broadened density on a grid in info; asked for by name (not in `all`)",
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=DENSITY_DEFAULTS, stochastic=True,
+    precision="float32", settings_help=DENSITY_HELP, in_all=False)
+def hessian_density(ctx: MeasureContext) -> MeasureOutput:
+    """The eigenvalue distribution of H, (1/d) Σ_j δ(t − λ_j), by `runs` Lanczos quadratures of `iters` steps
+    (`curvature.density`). Values: `hessian_density` the mean eigenvalue Tr H / d, `/m2` the mean squared
+    eigenvalue, `/lambda_min` and `/lambda_max` the extreme Ritz values, `/negative_mass` the estimated
+    fraction of eigenvalues below −σ (the broadening: zero up to the resolution is not negative). Info:
+    `grid` and `density` (what PyHessian's `density()` plots),
+    `sigma`, `moments` (m1..m4), `stderr` (of m1 over the runs), `hvps`."""
+    runs, iters = int(_setting(ctx, DENSITY_DEFAULTS, "runs")), int(_setting(ctx, DENSITY_DEFAULTS, "iters"))
+    grid, sigma = int(_setting(ctx, DENSITY_DEFAULTS, "grid")), float(_setting(ctx, DENSITY_DEFAULTS, "sigma"))
+    if runs < 1 or iters < 1 or grid < 2 or not sigma > 0:
+        raise ValueError(f"hessian_density: runs ≥ 1, iters ≥ 1, grid ≥ 2 and sigma > 0 (got {runs}, {iters}, "
+                         f"{grid}, {sigma})")
+    out = ctx.hessian.spectral_density(generator=ctx.generator("slq"), runs=runs, iters=iters, grid=grid,
+                                       sigma=sigma)
+    values = {"hessian_density": out["moments"][0], "hessian_density/m2": out["moments"][1],
+              "hessian_density/lambda_min": out["lambda_min"], "hessian_density/lambda_max": out["lambda_max"],
+              "hessian_density/negative_mass": out["negative_mass"]}
+    info: dict[str, Any] = {"grid": out["grid"], "density": out["density"], "sigma": out["sigma"],
+                            "moments": out["moments"], "stderr": _finite(out["m1_stderr"]), "hvps": out["hvps"],
+                            "runs": runs, "iters": iters, "loss": ctx.loss_name}
+    if ctx.loss_name == "normalized_ce":
+        info["normalized_ce_tau"] = ctx.normalized_ce_tau
+    return MeasureOutput(values, info)
