@@ -128,8 +128,8 @@ class HessianOperator:
         Exact, in this order: where the logits are piecewise linear in every single parameter
         (`curvature.diagonal`, decided by `exact_applicable`; the GGN is the Hessian there); for a Sequential
         chain with smooth elementwise activations (`curvature.smooth`: the GGN plus the σ'' terms); for a
-        model of at most `dense_max_params` parameters (default 0: never), by one HVP per parameter
-        (`dense_diagonal`). `method` is 'auto', 'exact' (ValueError when none applies), 'dense' or
+        model of at most `dense_max_params` parameters (default 0: never), row by row, one second-order
+        backward pass per parameter (`dense_diagonal`). `method` is 'auto', 'exact' (ValueError when none applies), 'dense' or
         'hutchinson'. `loss` must provide `logit_hessian` for the first two (`flatbench.losses`). The
         generator is only used by Hutchinson; without one a fixed seed keeps results reproducible."""
         if method not in DIAGONAL_METHODS:

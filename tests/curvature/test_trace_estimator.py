@@ -80,6 +80,9 @@ def test_small_models_of_any_architecture_are_exact(cls: type[nn.Module]) -> Non
     assert float((flat - hess.diagonal()).abs().max()) <= 1e-12 * float(hess.diagonal().abs().max())
     entry = trace_entry(net, x, y)
     assert entry["status"] == "ok" and entry["info"]["method"] == "exact" and "dense" in entry["info"]["reason"]
+    op = HessianOperator(net, x, y, get_loss("ce"))
+    assert op.diagonal(dense_max_params=op.size, hutchinson_probes=2).reason.startswith("dense")
+    assert op.diagonal(dense_max_params=op.size - 1, hutchinson_probes=2).method == "hutchinson"
     assert entry["values"]["hessian_trace"] == pytest.approx(float(hess.trace()), rel=1e-12)
     assert entry["values"]["hessian_trace/pos" if cls is TinyAttention else "hessian_trace/lstm.weight_hh_l0"] != 0
 
