@@ -30,12 +30,14 @@ from flatbench.curvature.diagonal import DiagonalResult, logit_factors, per_laye
 from flatbench.curvature.group import group_hessian_diagonals, mlp_linears
 from flatbench.curvature.hvp import HVP_MODES, forward_ad_missing, hvp, hvp_mode_of, math_attention, use_hvp_mode
 from flatbench.curvature.lanczos import lanczos_operator
-from flatbench.curvature.operator import DEFAULT_HUTCHINSON_PROBES, HessianOperator, hessian_diagonal
+from flatbench.curvature.operator import (DEFAULT_HUTCHINSON_PROBES, DENSE_MAX_PARAMS, HessianOperator,
+                                          hessian_diagonal)
 from flatbench.curvature.smooth import smooth_chain
 from flatbench.curvature.trace import HUTCHPP_DEFAULTS, hutchpp_trace
 
 __all__ = [
     "DEFAULT_HUTCHINSON_PROBES",
+    "DENSE_MAX_PARAMS",
     "DENSITY_DEFAULTS",
     "HUTCHPP_DEFAULTS",
     "HVP_MODES",

@@ -40,6 +40,11 @@ DEFAULT_HUTCHINSON_PROBES = 100
 """Probes of the Hutchinson diagonal where the exact one does not apply (and of `trace` when neither
 probes nor rtol are given)."""
 DIAGONAL_METHODS = ("auto", "exact", "dense", "hutchinson")
+DENSE_MAX_PARAMS = 3000
+"""Up to this many parameters the shared Hessian diagonal (`measures.shared.hessian_diagonal`) and
+`hessian_trace` (its `exact_max_params` default) are exact for any architecture, by the dense diagonal:
+one second-order backward pass per parameter, e.g. 14 s for a 5,482-parameter attention network on 8
+examples, 1.2 s for a 218-parameter LSTM on 16 (2 CPU threads, float64)."""
 
 
 class HessianOperator:
@@ -122,7 +127,8 @@ class HessianOperator:
 
     def diagonal(self, *, method: str = "auto", max_memory_mb: int = 1024,
                  generator: torch.Generator | None = None,
-                 hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES, dense_max_params: int = 0) -> DiagonalResult:
+                 hutchinson_probes: int = DEFAULT_HUTCHINSON_PROBES, dense_max_params: int = 0
+                 ) -> DiagonalResult:
         """diag H: exact where it can be, else Hutchinson's estimate.
 
         Exact, in this order: where the logits are piecewise linear in every single parameter

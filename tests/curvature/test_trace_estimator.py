@@ -87,6 +87,20 @@ def test_small_models_of_any_architecture_are_exact(cls: type[nn.Module]) -> Non
     assert entry["values"]["hessian_trace/pos" if cls is TinyAttention else "hessian_trace/lstm.weight_hh_l0"] != 0
 
 
+def test_the_shared_diagonal_is_dense_for_small_models() -> None:
+    """What normalized_sharpness and the other diagonal measures share: exact (dense) up to
+    DENSE_MAX_PARAMS parameters for any architecture, Hutchinson above."""
+    from flatbench.curvature import DENSE_MAX_PARAMS
+    from flatbench.measures.shared import hessian_diagonal as shared_diagonal
+
+    net, x, y, hess = case(TinyLSTM)
+    ctx = MeasureContext(model=net, inputs=x, targets=y, num_classes=C)
+    result = shared_diagonal(ctx)
+    flat = torch.cat([result.diag[k].reshape(-1) for k, _ in net.named_parameters()])
+    assert result.method == "exact" and DENSE_MAX_PARAMS >= 3000
+    assert float((flat - hess.diagonal()).abs().max()) <= 1e-12 * float(hess.diagonal().abs().max())
+
+
 def test_hutchpp_measure_reaches_its_standard_error_and_is_within_it() -> None:
     """Above `exact_max_params`: Hutch++ stops at the requested relative standard error, and the exact
     trace lies within a few of its reported standard errors; per-tensor traces add up to the total."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DENSITY_DEFAULTS, HUTCHPP_DEFAULTS, DiagonalResult,
-                                 per_layer_traces)
+from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DENSE_MAX_PARAMS, DENSITY_DEFAULTS, HUTCHPP_DEFAULTS,
+                                 DiagonalResult, per_layer_traces)
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 
-TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES, "exact_max_params": 3000,
+TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES,
+                                 "exact_max_params": DENSE_MAX_PARAMS,
                                  **{k: HUTCHPP_DEFAULTS[k] for k in ("rtol", "max_hvps", "sketch")}}
 TRACE_METHODS = ("auto", "exact", "hutchinson", "hutchpp")
 MAX_EIG_DEFAULTS: dict[str, Any] = {"iters": 100, "tol": 1e-6, "k": 1}
@@ -67,12 +68,12 @@ def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
     reason = "hutchpp requested"
     if method != "hutchpp":
         applies, reason = ctx.hessian.exact_diagonal_applies()
-        if applies:
+        limit = int(_setting(ctx, TRACE_DEFAULTS, "exact_max_params"))
+        if applies or ctx.hessian.size <= min(limit, DENSE_MAX_PARAMS):  # the shared diagonal is exact then
             result: DiagonalResult = shared.hessian_diagonal(ctx)
             if result.method == "exact":
                 return _diagonal_output(ctx, result)
             reason = result.reason
-        limit = int(_setting(ctx, TRACE_DEFAULTS, "exact_max_params"))
         if ctx.hessian.size <= limit:
             return _diagonal_output(ctx, shared.dense_diagonal(ctx))
         reason = f"{reason}; {ctx.hessian.size} parameters > exact_max_params ({limit})"
