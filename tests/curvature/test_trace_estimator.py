@@ -87,6 +87,23 @@ def test_small_models_of_any_architecture_are_exact(cls: type[nn.Module]) -> Non
     assert entry["values"]["hessian_trace/pos" if cls is TinyAttention else "hessian_trace/lstm.weight_hh_l0"] != 0
 
 
+def test_dense_diagonal_without_batched_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where an operator has no batching rule (a RuntimeError from the batched backward pass), the rows are
+    taken one at a time, with the same result."""
+    net, x, y, hess = case(TinyLSTM)
+    real = torch.autograd.grad
+
+    def unbatched(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("Batching rule not implemented")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", unbatched)
+    diag = HessianOperator(net, x, y, get_loss("ce")).dense_diagonal().diag
+    flat = torch.cat([diag[k].reshape(-1) for k, _ in net.named_parameters()])
+    assert float((flat - hess.diagonal()).abs().max()) <= 1e-12 * float(hess.diagonal().abs().max())
+
+
 def test_the_shared_diagonal_is_dense_for_small_models() -> None:
     """What normalized_sharpness and the other diagonal measures share: exact (dense) up to
     DENSE_MAX_PARAMS parameters for any architecture, Hutchinson above."""
