@@ -110,7 +110,7 @@ def _derivatives(act: nn.Module, z: Tensor) -> tuple[Tensor, Tensor]:
     elementwise, ∂(Σ σ(z))/∂z = σ'(z) and ∂(Σ σ'(z))/∂z = σ''(z)."""
     with torch.enable_grad():
         zz = z.detach().requires_grad_(True)
-        (d1,) = torch.autograd.grad(act(zz).sum(), zz, create_graph=True)
+        (d1,) = torch.autograd.grad(act(zz.clone()).sum(), zz, create_graph=True)  # clone: inplace=True acts
         if not d1.requires_grad:  # piecewise linear: σ' does not depend on z
             return d1.detach(), torch.zeros_like(d1)
         (d2,) = torch.autograd.grad(d1.sum(), zz, allow_unused=True, materialize_grads=True)
@@ -191,7 +191,7 @@ def _chunk(leaves: list[nn.Module], x: Tensor, y: Tensor, loss: Any, diag: dict[
             if i >= first and h.dim() != 2:
                 raise NotExact(f"{type(m).__name__} gets a {h.dim()}-D input; the chain needs (n, features)")
             steps.append(_Step(m, h))
-            h = m(h)
+            h = m(h.clone() if getattr(m, "inplace", False) else h)  # keep the recorded input intact
     if h.dim() != 2:
         raise NotExact(f"the model output has shape {tuple(h.shape)}, expected (n, C) logits")
     lam, vecs = logit_factors(loss, h.detach(), y)

@@ -86,12 +86,13 @@ def test_the_second_derivative_terms_are_what_makes_it_exact(monkeypatch: pytest
 
 def test_nested_chains_batchnorm_flatten_and_other_activations() -> None:
     """Flatten of image-shaped inputs, a nested Sequential, BatchNorm1d with running statistics, inactive
-    Dropout, GELU's tanh approximation, ELU and LeakyReLU."""
+    Dropout, GELU's tanh approximation, in-place ELU and SiLU, LeakyReLU, an activation on the logits."""
     torch.manual_seed(0)
     bn = nn.BatchNorm1d(7)
     net = nn.Sequential(nn.Flatten(), nn.Linear(6, 7), bn, nn.GELU(approximate="tanh"),
-                        nn.Sequential(nn.Dropout(0.5), nn.Linear(7, 6, bias=False), nn.ELU()),
-                        nn.Linear(6, 5), nn.LeakyReLU(0.1), nn.Linear(5, C)).double().eval()
+                        nn.Sequential(nn.Dropout(0.5), nn.Linear(7, 6, bias=False), nn.ELU(inplace=True)),
+                        nn.Linear(6, 5), nn.LeakyReLU(0.1), nn.Linear(5, 5), nn.SiLU(inplace=True),
+                        nn.Linear(5, C), nn.Tanh()).double().eval()
     with torch.no_grad():
         bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.uniform_(0.5, 2)
     x, y = data(shape=(2, 3))
