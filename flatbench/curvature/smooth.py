@@ -97,7 +97,7 @@ def smooth_chain(model: nn.Module) -> tuple[list[nn.Module] | None, str]:
         why = _check_leaf(m)
         if why is not None:
             return None, f"not a Sequential chain of Linear layers and elementwise activations: {why}"
-        if id(m) in seen:
+        if id(m) in seen and next(m.parameters(), None) is not None:  # an activation may be reused
             return None, f"'{type(m).__name__}' appears twice in the chain (weight sharing)"
         seen.add(id(m))
     if not any(isinstance(m, nn.Linear) for m in leaves):

@@ -100,6 +100,15 @@ def test_nested_chains_batchnorm_flatten_and_other_activations() -> None:
     assert diag_err < TOL and trace_err < TOL, (diag_err, trace_err)
 
 
+def test_one_activation_module_used_twice() -> None:
+    torch.manual_seed(0)
+    act = nn.Softplus(beta=2.0)
+    net = nn.Sequential(nn.Linear(6, 7), act, nn.Linear(7, 5), act, nn.Linear(5, C)).double().eval()
+    x, y = data()
+    diag_err, trace_err = max_error(net, x, y, "ce")
+    assert diag_err < TOL and trace_err < TOL, (diag_err, trace_err)
+
+
 def test_what_is_not_a_smooth_chain() -> None:
     class Wrapper(nn.Module):
         def __init__(self) -> None:
