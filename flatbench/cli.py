@@ -337,6 +337,18 @@ def list_measures(plugins: tuple[str, ...]) -> None:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4])
 
 
+@cli.command("describe")
+@click.argument("name")
+@PLUGIN
+def describe(name: str, plugins: tuple[str, ...]) -> None:
+    """NAME's definition, invariances, cost, every setting with its default (and meaning where registered)
+    and an example (from the registry: a --plugin measure too)."""
+    from flatbench.measures.describe import describe_measure  # lazy: `flatbench --help` must not import torch
+
+    _load_plugins(plugins)
+    click.echo(describe_measure(name), nl=False)
+
+
 @cli.command("check-measure")
 @click.argument("name")
 @PLUGIN

@@ -87,7 +87,7 @@ TINY_NETWORKS = ("mlp", "mlp_bn", "lenet", "resnet", "conv_variants", "linear_3d
                  "custom_gelu", "shared_weights", "linear_bias_free")
 """The curvature tests' untrained nets, small enough for `torch.autograd.functional.hessian`: one per
 structure the exact diagonal treats differently (BatchNorm, pooling, residual additions, conv variants,
-3-D Linear inputs) or refuses (smooth activations, batch statistics, unknown containers, shared weights)."""
+3-D Linear inputs, smooth activations) or refuses (batch statistics, unknown containers, shared weights)."""
 
 
 @register_piecewise_linear_container
@@ -149,7 +149,7 @@ def tiny_network(name: str) -> tuple[nn.Module, tuple[int, ...]]:
     elif name == "linear_3d":  # a Linear on (n, tokens, features): per-example gradients are not rank one
         net = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Flatten(), nn.Linear(15, C))
         shape = (3, 4)
-    elif name == "tanh":  # smooth: the exact diagonal does not apply
+    elif name == "tanh":  # smooth: exact by the smooth-chain recursion (curvature.smooth), not the GGN
         net, shape = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, C)), (6,)
     elif name == "mlp_bn_train":  # BatchNorm with batch statistics: not piecewise linear per parameter
         net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, C))

@@ -7,10 +7,14 @@ once per (model, loss) and caches what measures share (the diagonal).
     operator.py       HessianOperator: products, Hutchinson trace and diagonal, top eigenvalues, and the
                       choice between the exact and the estimated diagonal
     diagonal.py       the exact Hessian diagonal of piecewise-linear networks (the method is explained there)
+    smooth.py         the exact Hessian diagonal of Sequential chains with smooth activations (GGN + σ'' terms)
     applicability.py  which networks qualify (`exact_applicable`), the traced aten operations of a forward
     group.py          the exact diagonal of G same-architecture MLPs at once (one batched computation)
-    hvp.py            Hessian-vector products (torch.func; double backward where forward mode is missing)
-    lanczos.py        top eigenvalues by Lanczos of any symmetric operator
+    hvp.py            Hessian-vector products (torch.func; double backward where forward mode is missing), and
+                      the dense diagonal of a small model of any architecture (one backward pass per parameter)
+    trace.py          Tr H to a requested relative standard error by adaptive Hutch++
+    lanczos.py        top eigenvalues by Lanczos of any symmetric operator; the Lanczos tridiagonal
+    density.py        the spectral density by stochastic Lanczos quadrature
     common.py         chunking, flat parameter vectors, probes, the loss as a function of the parameters
 """
 
@@ -21,14 +25,21 @@ from flatbench.curvature.applicability import (
     register_piecewise_linear_container,
     traced_ops,
 )
+from flatbench.curvature.density import DENSITY_DEFAULTS, slq, spectral_density
 from flatbench.curvature.diagonal import DiagonalResult, logit_factors, per_layer_traces
 from flatbench.curvature.group import group_hessian_diagonals, mlp_linears
 from flatbench.curvature.hvp import HVP_MODES, forward_ad_missing, hvp, hvp_mode_of, math_attention, use_hvp_mode
 from flatbench.curvature.lanczos import lanczos_operator
-from flatbench.curvature.operator import DEFAULT_HUTCHINSON_PROBES, HessianOperator, hessian_diagonal
+from flatbench.curvature.operator import (DEFAULT_HUTCHINSON_PROBES, DENSE_MAX_PARAMS, HessianOperator,
+                                          hessian_diagonal)
+from flatbench.curvature.smooth import smooth_chain
+from flatbench.curvature.trace import HUTCHPP_DEFAULTS, hutchpp_trace
 
 __all__ = [
     "DEFAULT_HUTCHINSON_PROBES",
+    "DENSE_MAX_PARAMS",
+    "DENSITY_DEFAULTS",
+    "HUTCHPP_DEFAULTS",
     "HVP_MODES",
     "POSITIVELY_HOMOGENEOUS_OPS",
     "DiagonalResult",
@@ -38,6 +49,7 @@ __all__ = [
     "group_hessian_diagonals",
     "hessian_diagonal",
     "hvp",
+    "hutchpp_trace",
     "hvp_mode_of",
     "lanczos_operator",
     "logit_factors",
@@ -46,6 +58,9 @@ __all__ = [
     "ops_outside",
     "per_layer_traces",
     "register_piecewise_linear_container",
+    "slq",
+    "smooth_chain",
+    "spectral_density",
     "traced_ops",
     "use_hvp_mode",
 ]

@@ -40,9 +40,10 @@ dominate); BackPACK's `DiagGGNExact` ≈ 6.9 and 6.6 in the same run. Part of Le
 chunks, which also speed up the gradient and BackPACK: with --chunk-size 250 for all of them it is MLP
 ≈ 2.8 and LeNet ≈ 7.3 gradients against BackPACK's 4.4 and 9.5.
 
-Which networks qualify is decided in `curvature.applicability`. Where the premise fails (smooth
-activations, BatchNorm in train mode, unknown modules, weight sharing) `HessianOperator.diagonal` uses
-Hutchinson's estimator E[z ⊙ Hz] with Rademacher z instead, and the result says so.
+Which networks qualify is decided in `curvature.applicability`. Where the premise fails,
+`HessianOperator.diagonal` uses the exact recursion with second-derivative terms for Sequential chains with
+smooth activations (`curvature.smooth`), else (BatchNorm in train mode, unknown modules, weight sharing)
+Hutchinson's estimator E[z ⊙ Hz] with Rademacher z, and the result says so.
 """
 
 from __future__ import annotations

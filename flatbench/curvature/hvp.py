@@ -121,3 +121,54 @@ def _hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec:
     if flat_input:
         return flatten(out, list(params)).to(vec.dtype)
     return out
+
+
+DENSE_BLOCK = 64
+"""Basis vectors per batched second backward pass of `dense_diagonal` (memory: that many gradients)."""
+
+
+def dense_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable,
+                   chunk_size: int = 2000) -> dict[str, Tensor]:
+    """diag H exactly for any model, row by row: per chunk, the gradient g with its graph once, then
+    H_ii = ∂g_i/∂θ_i from backward passes through g for blocks of unit vectors at a time (one forward and
+    one first backward per chunk instead of one per HVP; a batched pass, falling back to one pass per
+    vector where an operator has no batching rule). Cost ≈ size second-order backward passes; float64."""
+    params = detached_params(model)
+    buffers = detached_buffers(model)
+    size = sum(p.numel() for p in params.values())
+    n = int(inputs.shape[0])
+    diag = torch.zeros(size, dtype=torch.float64, device=next(iter(params.values())).device)
+    with math_attention(), torch.enable_grad():
+        for x, y in chunks(inputs, targets, chunk_size):
+            leaves = {k: p.detach().requires_grad_(True) for k, p in params.items()}
+            fn = loss_fn(model, buffers, x, y, loss, x.shape[0] / n)
+            grads = torch.autograd.grad(fn(leaves), list(leaves.values()), create_graph=True, allow_unused=True,
+                                        materialize_grads=True)
+            g = flatten(dict(zip(leaves, grads)), list(leaves))
+            if g.requires_grad:
+                diag += _rows_diagonal(g, list(leaves.values()))
+    return unflatten(diag, params, torch.float64)
+
+
+def _rows_diagonal(g: Tensor, leaves: list[Tensor]) -> Tensor:
+    """(∂g_i/∂θ_i)_i for a flat gradient g of the leaves, in blocks of `DENSE_BLOCK` unit vectors."""
+    size = g.numel()
+    out = torch.zeros(size, dtype=torch.float64, device=g.device)
+    batched = True
+    for start in range(0, size, DENSE_BLOCK):
+        idx = torch.arange(start, min(size, start + DENSE_BLOCK), device=g.device)
+        eye = torch.zeros(idx.numel(), size, dtype=g.dtype, device=g.device)
+        eye[torch.arange(idx.numel()), idx] = 1.0
+        if batched:
+            try:
+                rows = torch.autograd.grad(g, leaves, grad_outputs=eye, is_grads_batched=True, retain_graph=True,
+                                           allow_unused=True, materialize_grads=True)
+                out[idx] = torch.cat([r.reshape(idx.numel(), -1) for r in rows], 1).gather(1, idx[:, None])[:, 0]
+                continue
+            except RuntimeError:  # an operator without a batching rule: one vector at a time from here on
+                batched = False
+        for j, i in enumerate(idx.tolist()):
+            row = torch.autograd.grad(g, leaves, grad_outputs=eye[j], retain_graph=True, allow_unused=True,
+                                      materialize_grads=True)
+            out[i] = torch.cat([r.reshape(-1) for r in row])[i]
+    return out

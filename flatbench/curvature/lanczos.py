@@ -1,5 +1,6 @@
 """The top eigenvalues of a symmetric operator (the Hessian: `HessianOperator.top_eigenvalues`; the scaled
-Hessian of Rangamani et al.) by Lanczos with full reorthogonalization."""
+Hessian of Rangamani et al.) by Lanczos with full reorthogonalization, and the Lanczos tridiagonal from a
+given start vector (the spectral density's quadrature, `curvature.density`)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,30 @@ def lanczos_operator(matvec: Callable[[Tensor], Tensor], size: int, *, device: t
         store(j + 1, w / beta)
     return {"eigenvalues": [float(t) for t in theta], "residuals": [float(r) for r in resid],
             "iterations": len(alphas), "converged": converged}
+
+
+def lanczos_tridiagonal(matvec: Callable[[Tensor], Tensor], start: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """(α (m,), β (m−1,)): the Lanczos tridiagonal of a symmetric operator from the unit vector `start`,
+    with full reorthogonalization (float64), for stochastic Lanczos quadrature. It stops early, with a
+    smaller matrix, when the Krylov space is invariant: the quadrature is then exact, not restarted (a
+    restart would change the start vector the quadrature weights refer to)."""
+    size = start.numel()
+    steps = max(1, min(int(steps), size))
+    basis = torch.empty(steps, size, dtype=torch.float64, device=start.device)
+    basis[0] = start.to(torch.float64)
+    alphas: list[float] = []
+    betas: list[float] = []
+    for j in range(steps):
+        w = matvec(basis[j]).to(torch.float64)
+        alpha = float(basis[j] @ w)
+        alphas.append(alpha)
+        q_mat = basis[:j + 1]
+        for _ in range(2):  # "twice is enough" (Parlett)
+            w = w - q_mat.t() @ (q_mat @ w)
+        beta = float(w.norm())
+        scale = max(max(abs(a) for a in alphas), max(betas, default=0.0), 1e-300)
+        if j + 1 == steps or beta <= 1e-10 * scale:
+            break
+        betas.append(beta)
+        basis[j + 1] = w / beta
+    return torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64)

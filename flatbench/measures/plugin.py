@@ -7,7 +7,9 @@
         return {"weight_l1": sum(float(p.abs().sum()) for p in ctx.model.parameters())}
 
 - `register_measure(name, description=..., invariant_to=(...), cost=..., defaults={...}, uses_loss=...,
-  stochastic=..., larger_is_sharper=..., exact=...)` registers a function `(ctx) -> dict | MeasureOutput`.
+  stochastic=..., larger_is_sharper=..., exact=..., settings_help={...})` registers a function
+  `(ctx) -> dict | MeasureOutput`; `settings_help` gives each setting's meaning and valid range, which
+  `flatbench describe NAME --plugin FILE` prints with the defaults.
   The key equal to the name is the headline value (the one the report ranks); keys `name/detail` are
   details; a bare number is the headline value. `invariant_to` declares rescaling families (`FAMILIES`): `flatbench check-measure NAME` checks
   them on a catalogue of trained models.
@@ -19,9 +21,10 @@
 - `MeasureOutput(values, info)`: values plus information (method, iterations; a stochastic measure puts
   its standard error in `info["stderr"]`).
 - Shared quantities, computed once per model and loss and reused by every measure that asks:
-  `hessian_diagonal(ctx)` (exact for piecewise-linear networks, else a bounded Hutchinson estimate; a
-  `DiagonalResult` with `.diag`, `.trace()`, `.method`), `weight_layers(ctx)` (Linear/Conv2d layers in
-  forward order), `hvp(ctx, vector)` (a Hessian-vector product of the context's loss).
+  `hessian_diagonal(ctx)` (exact for piecewise-linear networks and smooth Sequential chains, else a
+  bounded Hutchinson estimate; a `DiagonalResult` with `.diag`, `.trace()`, `.method`),
+  `weight_layers(ctx)` (Linear/Conv2d layers in forward order), `hvp(ctx, vector)` (a Hessian-vector
+  product of the context's loss).
 """
 
 from __future__ import annotations

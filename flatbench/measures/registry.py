@@ -12,7 +12,9 @@ measure joins it by registering.
 *Variants.* A measure may declare named presets of its settings, `variants={"published": {"solver":
 "published"}}`; `name:variant` (e.g. `minimum_sharpness:published`) is then a measure of its own: the same
 function with those settings, its results stored under `name:variant` (so both can sit side by side in one
-study and one report). `all` means the base measures only; variants are asked for by name.
+study and one report). `all` means the base measures only; variants are asked for by name, and so are
+measures registered with `in_all=False` (e.g. `hessian_density`, whose output is a spectrum to plot rather
+than a value to rank by: adding it to `all` would change every study that asks for `all`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ from flatbench.measures.plugins import PLUGIN_SOURCES, import_plugin, load_entry
 from flatbench.rescale import FAMILIES
 
 COST_CLASSES = ("cheap", "gradient", "hessian", "search")
+COST_MEANING = {
+    "cheap": "from the weights alone or one forward pass; no gradients",
+    "gradient": "gradients or forward-mode products over the measurement set",
+    "hessian": "the Hessian diagonal or Hessian-vector products over the measurement set",
+    "search": "an iterative search or sampling over perturbed weights (many loss evaluations)"}
+"""What each cost class means (`flatbench describe` prints it)."""
 PRECISIONS = ("float64", "float32")
 """What a measure needs (`precision`): float64, or float32 for an estimate whose own error (Monte-Carlo,
 a search, an iterative eigen-solver) is far above float32 rounding."""
@@ -90,6 +98,11 @@ class MeasureSpec:
     origin_sha256: str | None = None
     """A plugin measure: the sha256 of its plugin's source, recorded with every result (a changed plugin
     recomputes its entries); None for the built-in measures."""
+    in_all: bool = True
+    """Whether `all` includes the measure (False: asked for by name only)."""
+    settings_help: dict[str, str] = field(default_factory=dict)
+    """Per setting: its meaning and valid range (`flatbench describe` prints it; a setting without an entry
+    is listed with its default only)."""
     precision: str = "float64"
     """The precision the measure needs. Under `measure.dtype: auto` (the default) an exact quantity or solver
     is computed in float64 and a measure registered with `precision="float32"` (Monte-Carlo estimates,
@@ -130,7 +143,8 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
                      cost: str = "cheap", defaults: dict[str, Any] | None = None, uses_loss: bool = False,
                      stochastic: bool = False, larger_is_sharper: bool = True,
                      exact: bool = True, variants: dict[str, dict[str, Any]] | None = None,
-                     family: str | None = None, precision: str = "float64"
+                     family: str | None = None, precision: str = "float64",
+                     settings_help: dict[str, str] | None = None, in_all: bool = True
                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `fn(ctx) -> dict | MeasureOutput` as the measure `name` (see the module docstring).
 
@@ -141,11 +155,16 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
     `description`: one line for `list-measures` (default: the first line of the function's docstring).
     `exact`: a deterministic closed form or exact solver (tighter invariance tolerance). `family`: the
     report's grouping (default: the plugin's name). `precision`: float64 (default), or float32 for an
-    estimate that float32 rounding does not change (computed in float32 under `measure.dtype: auto`)."""
+    estimate that float32 rounding does not change (computed in float32 under `measure.dtype: auto`).
+    `settings_help`: per setting, its meaning and valid range (shown by `flatbench describe`). `in_all`:
+    whether `all` includes it (False: only asked for by name)."""
     unknown = set(invariant_to) - set(FAMILIES)
     if unknown:
         raise FlatbenchError(f"measure '{name}': unknown invariance families {sorted(unknown)} (families: "
                              f"{', '.join(FAMILIES)})")
+    stray = set(settings_help or {}) - set(defaults or {})
+    if stray:
+        raise FlatbenchError(f"measure '{name}': settings_help for unknown settings {sorted(stray)}")
     if precision not in PRECISIONS:
         raise FlatbenchError(f"measure '{name}': precision must be float64 or float32, got {precision!r}")
     if cost not in COST_CLASSES:
@@ -174,7 +193,8 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
                                       variants={k: dict(v) for k, v in (variants or {}).items()},
                                       origin=origin, origin_sha256=sha,
                                       family=family or ("" if origin == "builtin" else _plugin_name(origin)),
-                                      precision=precision)
+                                      precision=precision, settings_help=dict(settings_help or {}),
+                                      in_all=bool(in_all))
         return fn
 
     return decorator
@@ -236,7 +256,7 @@ def resolve_names(names: list[str] | tuple[str, ...]) -> list[str]:
         for part in (p.strip() for p in name.split(",")):
             if not part:
                 continue
-            chosen = list(registry) if part == "all" else [get_measure(part).name]
+            chosen = [n for n, s in registry.items() if s.in_all] if part == "all" else [get_measure(part).name]
             out.extend(n for n in chosen if n not in out)
     return out
 

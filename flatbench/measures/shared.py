@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from flatbench.curvature import (POSITIVELY_HOMOGENEOUS_OPS, DiagonalResult, group_hessian_diagonals, mlp_linears,
-                                  ops_outside, traced_ops)
+from flatbench.curvature import (DENSE_MAX_PARAMS, POSITIVELY_HOMOGENEOUS_OPS, DiagonalResult,
+                                  group_hessian_diagonals, mlp_linears, ops_outside, traced_ops)
 from flatbench.losses import get_loss
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.layers import WeightLayer, weight_layers
@@ -27,7 +27,8 @@ def _diagonal_key(loss_name: str, tau: float) -> tuple:
 
 def hessian_diagonal(ctx: MeasureContext, loss_name: str | None = None) -> DiagonalResult:
     """The Hessian diagonal of the context's loss (or of `loss_name`), exact where the network qualifies
-    (else Hutchinson), computed once per model and loss.
+    (piecewise linear, a smooth Sequential chain, or at most `DENSE_MAX_PARAMS` parameters; else
+    Hutchinson), computed once per model and loss.
 
     The Hutchinson fallback's probes are seeded by the run's seed and the loss, not by the measure that
     asks first, so the cached value does not depend on the order of the measures."""
@@ -35,9 +36,17 @@ def hessian_diagonal(ctx: MeasureContext, loss_name: str | None = None) -> Diago
 
     def compute() -> DiagonalResult:
         gen = probe_generator(ctx.seed, "hessian_diagonal", loss_name, ctx.normalized_ce_tau, device=ctx.device)
-        return ctx.hessian_of(loss_name).diagonal(max_memory_mb=ctx.max_memory_mb, generator=gen)
+        return ctx.hessian_of(loss_name).diagonal(max_memory_mb=ctx.max_memory_mb, generator=gen,
+                                                  dense_max_params=DENSE_MAX_PARAMS)
 
     return ctx.cached(_diagonal_key(loss_name, ctx.normalized_ce_tau), compute)
+
+
+def dense_diagonal(ctx: MeasureContext) -> DiagonalResult:
+    """The Hessian diagonal by one HVP per parameter (exact for any architecture; for small models), once
+    per model and loss."""
+    key = ("hessian_diagonal_dense", ctx.loss_name, ctx.normalized_ce_tau)
+    return ctx.cached(key, lambda: ctx.hessian.dense_diagonal(reason=f"{ctx.hessian.size} parameters"))
 
 
 def hutchinson_diagonal(ctx: MeasureContext, probes: int) -> DiagonalResult:
@@ -107,6 +116,7 @@ def prime_hessian_diagonals(contexts: list[MeasureContext], losses: list[str] | 
 
 
 __all__: list[Any] = [
+    "dense_diagonal",
     "forward_ops",
     "hessian_diagonal",
     "hutchinson_diagonal",

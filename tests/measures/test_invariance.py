@@ -41,6 +41,7 @@ from flatbench.measures import MeasureOutput, NotApplicable, all_measures, contr
 TEST_SETTINGS: dict[str, dict[str, Any]] = {
     # small but meaningful settings for the expensive measures (only keys a measure has are used)
     "hessian_max_eig": {"iters": 40, "tol": 1e-5},
+    "hessian_density": {"runs": 2, "iters": 20},
     "adaptive_sharpness_l2": {"iters": 10, "batch_size": 64},
     "adaptive_sharpness_linf": {"iters": 10, "batch_size": 64},
     "adaptive_sharpness_avg": {"samples": 8, "batch_size": 64},

@@ -1,4 +1,4 @@
-"""Curvature baselines: the trace and the largest eigenvalue of the loss Hessian.
+"""Curvature baselines: the trace and the largest eigenvalue of the loss Hessian, and its spectral density.
 
 Both are scale-dependent (no function-preserving transformation leaves them unchanged: scaling one layer
 up and the next down changes the curvature), so they declare no invariance; they are the baselines the
@@ -11,12 +11,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flatbench.curvature import DEFAULT_HUTCHINSON_PROBES, DiagonalResult, per_layer_traces
+from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DENSE_MAX_PARAMS, DENSITY_DEFAULTS, HUTCHPP_DEFAULTS,
+                                 DiagonalResult, per_layer_traces)
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 
-TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES}
+TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES,
+                                 "exact_max_params": DENSE_MAX_PARAMS,
+                                 **{k: HUTCHPP_DEFAULTS[k] for k in ("rtol", "max_hvps", "sketch")}}
+TRACE_METHODS = ("auto", "exact", "hutchinson", "hutchpp")
 MAX_EIG_DEFAULTS: dict[str, Any] = {"iters": 100, "tol": 1e-6, "k": 1}
+TRACE_HELP = {
+    "method": "auto (exact where it can be, else Hutch++) | exact (not applicable where no exact path applies) "
+              "| hutchpp | hutchinson",
+    "probes": "Rademacher probes of method hutchinson (full-data HVPs); integer ≥ 1",
+    "exact_max_params": "up to this many parameters the trace is exact for any architecture (one second-order "
+                        "backward pass per parameter); integer ≥ 0, 0 turns it off",
+    "rtol": "Hutch++ stops when its standard error is at most rtol × |estimate|; > 0",
+    "max_hvps": "Hutch++ budget in HVPs, its sketch (2 × sketch) included; integer ≥ 1; reached first: "
+                "converged false in info",
+    "sketch": "Hutch++ deflation vectors (the top of the spectrum whose trace is computed exactly); integer ≥ 0, "
+              "0 is plain Hutchinson"}
+MAX_EIG_HELP = {
+    "iters": "maximum Lanczos steps (= full-data HVPs); integer ≥ 1",
+    "tol": "stop when every wanted Ritz pair's residual ‖Hy − θy‖ is at most tol × max |θ|; > 0",
+    "k": "how many top eigenvalues to report in info (the value is the largest); integer ≥ 1"}
 
 
 def _setting(ctx: MeasureContext, defaults: dict[str, Any], key: str) -> Any:
@@ -32,21 +51,39 @@ def _finite(x: float | None) -> float | None:
 @register_measure(
     "hessian_trace",
     description="Tr H of the loss on the measurement set: exact from the Hessian diagonal for "
-                "piecewise-linear networks, else Hutchinson (Rademacher probes); also per parameter tensor",
-    invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS)
+                "piecewise-linear networks, smooth Sequential chains and small models, else Hutch++ to a "
+                "requested relative standard error; also per parameter tensor",
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS, settings_help=TRACE_HELP)
 def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
-    """Settings: `method` auto (exact where applicable, the shared cached diagonal) | exact (not applicable
-    when the premise fails) | hutchinson (always estimate; `probes` Rademacher probes)."""
+    """Settings: `method` auto (exact where it can be: the shared cached diagonal of piecewise-linear
+    networks and smooth Sequential chains, else one HVP per parameter up to `exact_max_params` parameters;
+    else Hutch++) | exact (not applicable where none of the exact paths applies) | hutchpp (always Hutch++:
+    stop at relative standard error `rtol`, at most `max_hvps` HVPs, `sketch` deflation vectors) |
+    hutchinson (`probes` Rademacher probes)."""
     method = _setting(ctx, TRACE_DEFAULTS, "method")
-    if method not in ("auto", "exact", "hutchinson"):
-        raise ValueError(f"hessian_trace: method must be auto, exact or hutchinson, got {method!r}")
-    probes = int(_setting(ctx, TRACE_DEFAULTS, "probes"))
+    if method not in TRACE_METHODS:
+        raise ValueError(f"hessian_trace: method must be one of {', '.join(TRACE_METHODS)}, got {method!r}")
     if method == "hutchinson":
-        result: DiagonalResult = shared.hutchinson_diagonal(ctx, probes)
-    else:
-        result = shared.hessian_diagonal(ctx)
-        if method == "exact" and result.method != "exact":
-            raise NotApplicable(f"exact Hessian diagonal not applicable: {result.reason}")
+        return _diagonal_output(ctx, shared.hutchinson_diagonal(ctx, int(_setting(ctx, TRACE_DEFAULTS, "probes"))))
+    reason = "hutchpp requested"
+    if method != "hutchpp":
+        applies, reason = ctx.hessian.exact_diagonal_applies()
+        limit = int(_setting(ctx, TRACE_DEFAULTS, "exact_max_params"))
+        if applies or ctx.hessian.size <= min(limit, DENSE_MAX_PARAMS):  # the shared diagonal is exact then
+            result: DiagonalResult = shared.hessian_diagonal(ctx)
+            if result.method == "exact":
+                return _diagonal_output(ctx, result)
+            reason = result.reason
+        if ctx.hessian.size <= limit:
+            return _diagonal_output(ctx, shared.dense_diagonal(ctx))
+        reason = f"{reason}; {ctx.hessian.size} parameters > exact_max_params ({limit})"
+        if method == "exact":
+            raise NotApplicable(f"exact Hessian diagonal not applicable: {reason}")
+    return _hutchpp_output(ctx, reason)
+
+
+def _diagonal_output(ctx: MeasureContext, result: DiagonalResult) -> MeasureOutput:
+    """The trace and per-tensor traces of a diagonal (exact, or Hutchinson's with its standard errors)."""
     per_param = per_layer_traces(result)
     values = {"hessian_trace": sum(per_param.values())}
     values.update({f"hessian_trace/{name}": v for name, v in per_param.items()})
@@ -60,10 +97,32 @@ def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
     return MeasureOutput(values, info)
 
 
+def _hutchpp_output(ctx: MeasureContext, reason: str) -> MeasureOutput:
+    """Hutch++ until the relative standard error is `rtol` (`curvature.trace`): the estimate, the error
+    it reached, its cost in HVPs and whether it converged within `max_hvps`."""
+    rtol, max_hvps = float(_setting(ctx, TRACE_DEFAULTS, "rtol")), int(_setting(ctx, TRACE_DEFAULTS, "max_hvps"))
+    sketch = int(_setting(ctx, TRACE_DEFAULTS, "sketch"))
+    if not rtol > 0 or max_hvps < 1 or sketch < 0:
+        raise ValueError(f"hessian_trace: rtol must be > 0, max_hvps ≥ 1 and sketch ≥ 0 (got {rtol}, {max_hvps}, "
+                         f"{sketch})")
+    out = ctx.hessian.hutchpp_trace(generator=ctx.generator("hutchpp"), rtol=rtol, max_hvps=max_hvps, sketch=sketch)
+    values = {"hessian_trace": out["trace"]}
+    values.update({f"hessian_trace/{name}": v for name, v in out["per_param"].items()})
+    info: dict[str, Any] = {"method": "hutchpp", "reason": reason, "loss": ctx.loss_name, "n_examples": ctx.n,
+                            "stderr": _finite(out["stderr"]), "rel_stderr": _finite(out["rel_stderr"]),
+                            "rtol": rtol, "converged": out["converged"], "hvps": out["hvps"],
+                            "probes": out["probes"], "sketch": out["sketch"],
+                            "stderr_per_param": {k: _finite(v) for k, v in out["stderr_per_param"].items()}}
+    if ctx.loss_name == "normalized_ce":
+        info["normalized_ce_tau"] = ctx.normalized_ce_tau
+    return MeasureOutput(values, info)
+
+
 @register_measure(
     "hessian_max_eig",
     description="λ_max(H) of the loss on the measurement set by Lanczos with full reorthogonalization",
-    invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False, precision="float32")
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False, precision="float32",
+    settings_help=MAX_EIG_HELP)
 def hessian_max_eig(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `iters` (maximum Lanczos steps = full-data HVPs), `tol` (relative residual), `k` (how many
     top eigenvalues to report in info; the value is the largest)."""
@@ -77,3 +136,43 @@ def hessian_max_eig(ctx: MeasureContext) -> MeasureOutput:
     if ctx.loss_name == "normalized_ce":
         info["normalized_ce_tau"] = ctx.normalized_ce_tau
     return MeasureOutput({"hessian_max_eig": out["eigenvalues"][0]}, info)
+
+
+DENSITY_HELP = {
+    "runs": "start vectors (Rademacher); the moments' standard error is over them; integer ≥ 1",
+    "iters": "Lanczos steps per run (HVPs: runs × iters; fewer where the Krylov space is exhausted); moments up "
+             "to degree 2·iters − 1 are unbiased; integer ≥ 1",
+    "grid": "points of the density's grid (from below λ_min to above λ_max); integer ≥ 2",
+    "sigma": "Gaussian broadening, a fraction of the spectrum's width λ_max − λ_min; > 0"}
+
+
+@register_measure(
+    "hessian_density",
+    description="Spectral density of H by stochastic Lanczos quadrature (Ghorbani et al. 2019): the mean "
+                "eigenvalue (headline), moments, extreme eigenvalues and negative mass as values, the "
+                "Gaussian-broadened density on a grid in info; asked for by name (not in `all`)",
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=DENSITY_DEFAULTS, stochastic=True,
+    precision="float32", settings_help=DENSITY_HELP, in_all=False)
+def hessian_density(ctx: MeasureContext) -> MeasureOutput:
+    """The eigenvalue distribution of H, (1/d) Σ_j δ(t − λ_j), by `runs` Lanczos quadratures of `iters` steps
+    (`curvature.density`). Values: `hessian_density` the mean eigenvalue Tr H / d, `/m2` the mean squared
+    eigenvalue, `/lambda_min` and `/lambda_max` the extreme Ritz values, `/negative_mass` the estimated
+    fraction of eigenvalues below −σ (the broadening: zero up to the resolution is not negative). Info:
+    `grid` and `density` (what PyHessian's `density()` plots),
+    `sigma`, `moments` (m1..m4), `stderr` (of m1 over the runs), `hvps`."""
+    runs, iters = int(_setting(ctx, DENSITY_DEFAULTS, "runs")), int(_setting(ctx, DENSITY_DEFAULTS, "iters"))
+    grid, sigma = int(_setting(ctx, DENSITY_DEFAULTS, "grid")), float(_setting(ctx, DENSITY_DEFAULTS, "sigma"))
+    if runs < 1 or iters < 1 or grid < 2 or not sigma > 0:
+        raise ValueError(f"hessian_density: runs ≥ 1, iters ≥ 1, grid ≥ 2 and sigma > 0 (got {runs}, {iters}, "
+                         f"{grid}, {sigma})")
+    out = ctx.hessian.spectral_density(generator=ctx.generator("slq"), runs=runs, iters=iters, grid=grid,
+                                       sigma=sigma)
+    values = {"hessian_density": out["moments"][0], "hessian_density/m2": out["moments"][1],
+              "hessian_density/lambda_min": out["lambda_min"], "hessian_density/lambda_max": out["lambda_max"],
+              "hessian_density/negative_mass": out["negative_mass"]}
+    info: dict[str, Any] = {"grid": out["grid"], "density": out["density"], "sigma": out["sigma"],
+                            "moments": out["moments"], "stderr": _finite(out["m1_stderr"]), "hvps": out["hvps"],
+                            "runs": runs, "iters": iters, "loss": ctx.loss_name}
+    if ctx.loss_name == "normalized_ce":
+        info["normalized_ce_tau"] = ctx.normalized_ce_tau
+    return MeasureOutput(values, info)
