@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import torch
 
-from flatbench.errors import CheckpointError, ConfigError, FlatbenchError
+from flatbench.errors import CheckpointError, ConfigError, FlatbenchError, one_line
 
 GAPS = ("acc", "loss")
 """The generalization gaps a run records (table.csv columns gap_acc, gap_loss) and a report correlates
@@ -87,6 +87,16 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset, tuple)):
         return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def json_problem(obj: Any) -> str | None:
+    """Why `obj` cannot be written by `atomic_write_json` (None when it can): checked before a measure's
+    info is stored, so that one bad value is that measure's error, not a crash of the stage."""
+    try:
+        json.dumps(_clean_floats(obj), default=_json_default, allow_nan=False)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        return one_line(str(exc))[:120]
+    return None
 
 
 def _clean_floats(obj: Any) -> Any:
@@ -192,8 +202,8 @@ def measure_entry_problem(entry: Any) -> str | None:
     if not isinstance(entry, dict):
         return f"a {type(entry).__name__}, not an object"
     status = entry.get("status")
-    if status not in ("ok", "error", "not_applicable"):
-        return f"status {status!r} is not ok, error or not_applicable"
+    if status not in ("ok", "error", "not_applicable", "non_finite"):
+        return f"status {status!r} is not ok, error, not_applicable or non_finite"
     if status == "ok":
         values = entry.get("values")
         if not isinstance(values, dict) or not values:
@@ -341,6 +351,22 @@ def is_finished(run_path: str | os.PathLike) -> bool:
         return load_run_info(path).get("status") == "finished"
     except FlatbenchError:
         return False
+
+
+def missing_model(run_path: str | os.PathLike) -> str | None:
+    """Why a run that says it finished cannot be: its model.pt is gone (deleted or moved). That is damage,
+    not a run still to train; None for any other run."""
+    path = Path(run_path)
+    if (path / MODEL_FILE).exists() or not (path / RUN_JSON).is_file():
+        return None
+    try:
+        finished = load_run_info(path).get("status") == "finished"
+    except FlatbenchError:
+        return None
+    if not finished:
+        return None
+    return (f"{path / MODEL_FILE} is missing although the run finished (deleted or moved?); restore it, or "
+            "move the run folder away to retrain it")
 
 
 @contextlib.contextmanager

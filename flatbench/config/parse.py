@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import yaml
 
+from flatbench import strict_yaml
 from flatbench.config.schema import (SECTIONS, TOP_LEVEL, DataConfig, MeasureConfig, ModelConfig, ReportConfig,
                                      RunConfig, Study, TrainConfig, snapshot_folder_name)
 from flatbench.errors import ConfigError, did_you_mean
@@ -127,17 +128,14 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        raw = strict_yaml.load(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}): "
                           "a study config is a YAML text file") from None
     except RecursionError:
         raise ConfigError(f"invalid YAML in {path}: nested too deeply") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"invalid YAML in {path}{where}: {problem}") from None
+        raise ConfigError(f"invalid YAML in {path}{strict_yaml.describe(exc)}") from None
     if raw is None or raw == {}:
         raise ConfigError(f"{path} is empty: a study config needs at least one section (data, model, "
                           "train, measure, report); see configs/quickstart.yaml")
@@ -155,7 +153,7 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         key, text = item.split("=", 1)
         key = key.strip()
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = strict_yaml.load(text) if text.strip() else None
         except (yaml.YAMLError, RecursionError):
             raise ConfigError(f"override '{item}': the value is not valid YAML") from None
         parts = key.split(".")
@@ -313,6 +311,10 @@ def _validate_report(cfg: ReportConfig) -> None:
         raise ConfigError(f"report.max_loss_span must be at least 1, got {cfg.max_loss_span}")
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600
+"""The longest `measure.timeout_s`: a week for one measure entry."""
+
+
 def _validate_measure(cfg: MeasureConfig) -> None:
     builtin = ("ce", "normalized_ce", "mse")
     for loss in cfg.losses:
@@ -338,6 +340,8 @@ def _validate_measure(cfg: MeasureConfig) -> None:
     if cfg.chunk_size <= 0 or cfg.max_memory_mb <= 0:
         raise ConfigError(f"measure.chunk_size and measure.max_memory_mb must be positive, got {cfg.chunk_size} "
                           f"and {cfg.max_memory_mb}")
+    if not 0 < cfg.timeout_s <= MAX_TIMEOUT_S:
+        raise ConfigError(f"measure.timeout_s must be in (0, {MAX_TIMEOUT_S}] seconds, got {cfg.timeout_s!r}")
     for name, settings in cfg.settings.items():
         if not isinstance(settings, dict):
             raise ConfigError(f"measure.settings.{name} must be a mapping of setting: value")

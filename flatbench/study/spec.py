@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from flatbench import strict_yaml
 from flatbench.config import Study, apply_overrides, load_study, parse_study
 from flatbench.data import check_dataset_name, dataset_root, load_raw
 from flatbench.errors import ConfigError, FlatbenchError
@@ -71,11 +72,13 @@ def read_saved_study(exp_dir: str | Path, overrides: tuple[str, ...] = ()) -> St
         raise FlatbenchError(f"{exp_dir} is not a flatbench experiment folder{hint}: no {STUDY_FILE} in it")
     fix = "restore it or re-run `flatbench train` with the study's config"
     try:
-        raw = yaml.safe_load(saved.read_bytes().decode("utf-8"))
+        raw = strict_yaml.load(saved.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise FlatbenchError(f"{saved} is damaged (not UTF-8 text at byte {exc.start}); {fix}") from None
-    except (yaml.YAMLError, RecursionError):
+    except RecursionError:
         raise FlatbenchError(f"{saved} is damaged (not valid YAML); {fix}") from None
+    except yaml.YAMLError as exc:
+        raise FlatbenchError(f"{saved} is damaged (not valid YAML{strict_yaml.describe(exc)}); {fix}") from None
     if raw is None or raw == {}:
         raise FlatbenchError(f"{saved} is damaged (empty); {fix}")
     if not isinstance(raw, dict):

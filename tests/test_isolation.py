@@ -1,0 +1,403 @@
+"""A plugin cannot harm a study (issue 30): isolation of measures, typed output, a timeout per measure,
+exit codes a scheduler can trust (0 all done, 1 an entry failed, 2 bad input), and strict YAML.
+
+Each class is tested through the real CLI (a subprocess importing this checkout) on a copy of one tiny
+trained study, with hostile plugin measures written to a temporary file; the API's side in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOSTILE = '''
+import sys, time
+import torch
+from flatbench import MeasureOutput, register_measure
+
+@register_measure("doubler", description="doubles the weights in place (hostile)")
+def doubler(ctx):
+    with torch.no_grad():
+        for p in ctx.model.parameters():
+            p.mul_(2.0)
+    return 1.0
+
+@register_measure("trainer", description="puts the model in train mode (hostile)")
+def trainer(ctx):
+    ctx.model.train()
+    return {"trainer": 1.0}
+
+@register_measure("freezer", description="freezes a parameter (hostile)")
+def freezer(ctx):
+    next(ctx.model.parameters()).requires_grad_(False)
+    return 1.0
+
+@register_measure("exiter", description="ends the process (hostile)")
+def exiter(ctx):
+    sys.exit(0)
+
+@register_measure("stringy", description="a string value")
+def stringy(ctx):
+    return {"stringy": "1e3"}
+
+@register_measure("booly", description="a bool value")
+def booly(ctx):
+    return True
+
+@register_measure("nan_value", description="NaN")
+def nan_value(ctx):
+    return float("nan")
+
+@register_measure("inf_value", description="inf")
+def inf_value(ctx):
+    return {"inf_value": torch.tensor(float("inf"))}
+
+@register_measure("no_headline", description="no headline key")
+def no_headline(ctx):
+    return {"something_else": 1.0}
+
+@register_measure("bad_info", description="info JSON cannot hold")
+def bad_info(ctx):
+    return MeasureOutput({"bad_info": 1.0}, info={"handle": object()})
+
+@register_measure("sleeper", description="never returns in time")
+def sleeper(ctx):
+    time.sleep(60)
+    return 1.0
+
+@register_measure("tensor_value", description="a 0-d tensor and a numpy scalar: fine")
+def tensor_value(ctx):
+    import numpy as np
+    return {"tensor_value": torch.tensor(2.5), "tensor_value/np": np.float32(1.5)}
+'''
+
+SMALL = {**TINY, "data": {**TINY["data"], "n_train": 100, "n_test": 50, "random_label_ratio": [0.0, 1.0]},
+         "train": {**TINY["train"], "epochs": 1}, "measure": {**TINY["measure"], "measures": ["frobenius_norm"],
+                                                                "n_examples": 60}}
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m flatbench ARGS` importing this checkout (not another installed copy)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "flatbench", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny trained and measured study (never modified: tests copy it) and the hostile plugin file."""
+    root = tmp_path_factory.mktemp("iso")
+    cfg = root / "small.yaml"
+    cfg.write_text(yaml.safe_dump({**SMALL, "name": "small"}))
+    result = cli("train", str(cfg), "--out", str(root / "out"), "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr
+    exp = root / "out" / "small"
+    result = cli("measure", str(exp), "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr  # everything ok: exit 0
+    plugin = root / "hostile.py"
+    plugin.write_text(textwrap.dedent(HOSTILE))
+    return exp, plugin
+
+
+@pytest.fixture
+def exp(trained, tmp_path):
+    target = tmp_path / "small"
+    shutil.copytree(trained[0], target)
+    return target
+
+
+def entries(exp: Path) -> dict[str, dict]:
+    """Each run's measures.json."""
+    return {run.name: json.loads((run / "measures.json").read_text())
+            for run in sorted((exp / "runs").iterdir()) if (run / "measures.json").is_file()}
+
+
+def failed_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("failed: ")]
+
+
+def test_a_measure_that_changes_the_model_is_an_error_and_the_others_see_the_model_as_trained(trained, exp):
+    _, plugin = trained
+    before = entries(exp)
+    result = cli("measure", str(exp), "--force", "--device", "cpu", "--plugin", str(plugin),
+                 "--measures", "doubler,frobenius_norm,trainer,freezer,spectral_norm")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    after = entries(exp)
+    for run, got in after.items():
+        for name, what in (("doubler", "param"), ("trainer", "(now train)"), ("freezer", "requires_grad")):
+            assert got[name]["status"] == "error" and "changed the model" in got[name]["error"], got[name]
+            assert what in got[name]["error"]
+            assert "values" not in got[name]  # nothing computed on a changed model is kept
+        # computed after the doubling: the value of the model as trained, bit for bit
+        assert got["frobenius_norm"]["values"] == before[run]["frobenius_norm"]["values"]
+        assert got["spectral_norm"]["status"] == "ok"
+    lines = failed_lines(result)
+    assert len(lines) == 3 * len(after), result.stderr  # one line per failed entry: run, measure, reason
+    assert all("changed the model" in line for line in lines)
+
+
+def test_sys_exit_in_a_measure_is_an_error_entry_and_a_non_zero_exit(trained, exp):
+    _, plugin = trained
+    result = cli("measure", str(exp), "--force", "--device", "cpu", "--plugin", str(plugin),
+                 "--measures", "exiter,frobenius_norm")
+    assert result.returncode == 1, result.stdout + result.stderr
+    for got in entries(exp).values():
+        assert got["exiter"]["status"] == "error" and "SystemExit" in got["exiter"]["error"]
+        assert got["frobenius_norm"]["status"] == "ok"
+
+
+def test_sys_exit_at_a_plugins_import_is_one_line_and_exit_2(exp, tmp_path):
+    plugin = tmp_path / "leaving.py"
+    plugin.write_text("import sys\nsys.exit(0)\n")
+    result = cli("measure", str(exp), "--force", "--device", "cpu", "--plugin", str(plugin))
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SystemExit" in lines[0] and "leaving.py" in lines[0]
+
+
+def test_values_are_finite_real_numbers_and_bad_output_never_stops_the_stage(trained, exp):
+    _, plugin = trained
+    result = cli("measure", str(exp), "--force", "--device", "cpu", "--plugin", str(plugin), "--measures",
+                 "stringy,booly,nan_value,inf_value,no_headline,bad_info,tensor_value,frobenius_norm")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    got = entries(exp)
+    assert len(got) == 2  # the stage went on to the other run
+    for run in got.values():
+        for name in ("stringy", "booly", "no_headline", "bad_info"):
+            assert run[name]["status"] == "error", run[name]
+            assert f"measure '{name}'" in run[name]["error"]
+        assert "JSON" in run["bad_info"]["error"] and "headline" in run["no_headline"]["error"]
+        for name in ("nan_value", "inf_value"):
+            assert run[name]["status"] == "non_finite" and name in run[name]["reason"], run[name]
+        assert run["tensor_value"]["status"] == "ok"
+        assert run["tensor_value"]["values"] == {"tensor_value": 2.5, "tensor_value/np": 1.5}
+        assert run["frobenius_norm"]["status"] == "ok"
+    assert len(failed_lines(result)) == 6 * len(got)
+
+
+def test_a_measure_past_its_timeout_is_an_error_entry_also_in_worker_processes(trained, exp):
+    _, plugin = trained
+    start = time.monotonic()
+    result = cli("measure", str(exp), "--force", "--device", "cpu", "--plugin", str(plugin),
+                 "--measures", "sleeper,frobenius_norm", "measure.timeout_s=1", "measure.workers=2")
+    assert time.monotonic() - start < 50
+    assert result.returncode == 1, result.stdout + result.stderr
+    for run in entries(exp).values():
+        assert run["sleeper"] == {**run["sleeper"], "status": "error", "error": "timed out after 1 s"}
+        assert run["frobenius_norm"]["status"] == "ok"
+
+
+def test_a_finished_run_whose_model_is_missing_is_damage(exp):
+    run = sorted((exp / "runs").iterdir())[0]
+    (run / "model.pt").unlink()
+    result = cli("measure", str(exp), "--force", "--device", "cpu", "--quiet")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model.pt is missing" in lines[0] and run.name in lines[0]
+    assert "not trained yet" not in result.stdout.replace("0 runs not trained yet", "")
+
+
+# ---------------------------------------------------------------- in-process: the CLI's own entry point
+
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """`flatbench ARGS` through `flatbench.cli.main` in this process (fast; same checks as a subprocess)."""
+    import contextlib
+    import io
+
+    from flatbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(["flatbench", *args], code, out.getvalue(), err.getvalue())
+
+
+def one_line(result: subprocess.CompletedProcess, *parts: str) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_duplicate_key_in_a_config_is_refused_with_the_key_and_line(tmp_path):
+    text = yaml.safe_dump(SMALL, sort_keys=False) + "train:\n  lr: 0.5\n"
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    line = one_line(cli("train", str(path), "--out", str(tmp_path / "o")), "duplicate key 'train'", "line")
+    assert f"line {len(text.splitlines()) - 1}," in line  # the second train: key
+    assert not (tmp_path / "o").exists()
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("name: x\ntrain:\n  lr: 0.1\n  epochs: 2\n  lr: 0.5\n")
+    one_line(in_process("train", str(nested)), "duplicate key 'lr'", "line 5")
+    one_line(in_process("train", str(nested), "measure.settings={eps_sharpness: {eps: 1, eps: 2}}"), "duplicate key")
+
+
+def test_a_duplicate_key_in_study_yaml_is_damage_named_in_one_line(exp):
+    study = exp / "study.yaml"
+    study.write_text(study.read_text() + "report:\n  min_train_acc: 0.5\n")
+    one_line(in_process("report", str(exp), "--quiet"), "study.yaml", "duplicate key 'report'")
+
+
+def test_timeout_s_is_bounded(exp):
+    for value in ("0", "-1", ".nan", "1e9"):
+        one_line(in_process("measure", str(exp), f"measure.timeout_s={value}"), "measure.timeout_s")
+
+
+def test_measure_model_exits_1_when_an_entry_failed(trained, tmp_path):
+    _, plugin = trained
+    factory = tmp_path / "net.py"
+    factory.write_text("from torch import nn\n\ndef make(input_shape, num_classes):\n"
+                       "    return nn.Sequential(nn.Flatten(), nn.Linear(784, num_classes))\n")
+    args = ("measure-model", f"{factory}:make", "--data", "mnist_mini", "--n-examples", "20", "--plugin", str(plugin))
+    ok = in_process(*args, "--measures", "frobenius_norm")
+    assert ok.returncode == 0, ok.stderr
+    bad = in_process(*args, "--measures", "frobenius_norm,nan_value,doubler")
+    assert bad.returncode == 1, bad.stderr
+    assert len(failed_lines(bad)) == 2 and "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------- the API, in-process
+
+@pytest.fixture
+def own_registry():
+    """The registry as it was before the test (measures registered in the test are removed after it)."""
+    from flatbench.measures import all_measures, registry
+
+    all_measures()
+    saved = dict(registry._REGISTRY)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+
+
+def _bn_dropout_model() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)
+
+
+def _values(df) -> dict[str, float]:
+    return dict(zip(df["key"], df["value"]))
+
+
+def test_the_api_measures_in_eval_mode_with_every_parameter_and_leaves_the_callers_model_as_it_was():
+    import flatbench
+
+    names = ["hessian_trace", "frobenius_norm", "fisher_rao_norm"]
+    reference = _bn_dropout_model().eval()
+    expected = _values(flatbench.measure(reference, _data(), names))
+    model = _bn_dropout_model().train()  # the caller's model: train mode, the first layer frozen
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    df = flatbench.measure(model, _data(), names)
+    assert (df["status"] == "ok").all(), df
+    assert _values(df) == expected  # eval mode (dropout off, running statistics) and every parameter
+    assert all(m.training for m in model.modules())
+    assert [p.requires_grad for p in model.parameters()] == [False, False, True, True, True, True]
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # running stats untouched
+
+
+def test_the_api_isolates_measures_types_their_output_and_times_them_out(own_registry):
+    import flatbench
+
+    @flatbench.register_measure("_api_doubler")
+    def _api_doubler(ctx):
+        with torch.no_grad():
+            for p in ctx.model.parameters():
+                p.mul_(2.0)
+        return 1.0
+
+    @flatbench.register_measure("_api_string")
+    def _api_string(ctx):
+        return "1e3"
+
+    @flatbench.register_measure("_api_exit")
+    def _api_exit(ctx):
+        raise SystemExit(3)
+
+    @flatbench.register_measure("_api_sleep")
+    def _api_sleep(ctx):
+        time.sleep(30)
+        return 1.0
+
+    model = _bn_dropout_model().eval()
+    alone = _values(flatbench.measure(model, _data(), ["frobenius_norm"]))["frobenius_norm"]
+    start = time.monotonic()
+    df = flatbench.measure(model, _data(), ["_api_doubler", "frobenius_norm", "_api_string", "_api_exit",
+                                            "_api_sleep"], timeout_s=0.5)
+    assert time.monotonic() - start < 10
+    rows = {row["key"]: row for _, row in df.iterrows()}
+    assert rows["_api_doubler"]["status"] == "error" and "changed the model" in rows["_api_doubler"]["reason"]
+    assert rows["frobenius_norm"]["value"] == alone
+    assert rows["_api_string"]["status"] == "error" and "'1e3'" in rows["_api_string"]["reason"]
+    assert rows["_api_exit"]["status"] == "error" and "SystemExit" in rows["_api_exit"]["reason"]
+    assert rows["_api_sleep"]["status"] == "error" and rows["_api_sleep"]["reason"] == "timed out after 0.5 s"
+    from flatbench.errors import FlatbenchError
+
+    with pytest.raises(FlatbenchError, match="timeout_s"):
+        flatbench.measure(model, _data(), ["frobenius_norm"], timeout_s=0)
+
+
+def test_as_output_refuses_what_is_not_a_real_number():
+    import numpy as np
+
+    from flatbench.measures.registry import MeasureOutput, MeasureOutputError, as_output
+
+    assert as_output(np.int64(3), "m").values == {"m": 3.0}
+    assert as_output(torch.tensor([2.0]), "m").values == {"m": 2.0}
+    assert as_output(MeasureOutput({"m": 1, "m/x": np.float32(0.5)}, {"a": 1}), "m").values == {"m": 1.0, "m/x": 0.5}
+    for bad in ("1e3", True, np.bool_(True), {"m": "2"}, {"other": 1.0}, torch.ones(2), None, [1.0], {"m": 1j}):
+        with pytest.raises(MeasureOutputError):
+            as_output(bad, "m")
+
+
+def test_a_change_is_described_and_undone():
+    from flatbench.measures.isolation import guarded_call
+
+    model = _bn_dropout_model().eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def harm():
+        model[1].train()
+        model[4].weight = nn.Parameter(torch.zeros(2, 2))  # replaced, with another shape
+        model[0].bias.requires_grad_(False)
+        return 7
+
+    result, error, change = guarded_call(model, harm)
+    assert result == 7 and error is None
+    assert "4.weight" in change and "mode of 1" in change and "requires_grad of 0.bias" in change
+    assert not any(m.training for m in model.modules()) and all(p.requires_grad for p in model.parameters())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert guarded_call(model, lambda: 1) == (1, None, None)
