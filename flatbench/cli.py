@@ -206,7 +206,7 @@ def measure(target: str, overrides: tuple[str, ...], out: str | None, device: st
 @click.option("--include-stale", is_flag=True,
               help="Also count runs left in runs/ by an earlier version of the study (listed as not in this study).")
 @click.option("--quiet", is_flag=True, help="One line: where the report is and the best measure.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
               help="Seed of the report's resampling (bootstrap intervals, comparisons, Monte-Carlo permutations).")
 @PLUGIN
 def report(experiments: tuple[str, ...], out_dir: str | None, gap: str | None, min_train_acc: float | None,

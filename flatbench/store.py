@@ -21,6 +21,7 @@ import json
 import math
 import os
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -351,6 +352,29 @@ def is_finished(run_path: str | os.PathLike) -> bool:
         return load_run_info(path).get("status") == "finished"
     except FlatbenchError:
         return False
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path`, which is there, cannot be a file flatbench wrote: a folder, something that is not a regular
+    file (a link to /dev/null, a dangling link, a device) or an empty file. None for a regular file with
+    something in it, and for nothing at all (a missing file is each reader's own case). Damage is never read
+    as data: an empty or absent measures.json would otherwise be a run without values, a study.yaml that
+    reads as nothing a default study."""
+    p = Path(path)
+    if not os.path.lexists(p):
+        return None
+    link = f" (a link to {os.readlink(p)})" if p.is_symlink() else ""
+    try:
+        st = p.stat()
+    except OSError as exc:
+        return f"unreadable{link}: {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"a folder, not a file{link}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file{link}"
+    if st.st_size == 0:
+        return f"empty{link}"
+    return None
 
 
 def missing_model(run_path: str | os.PathLike) -> str | None:

@@ -86,7 +86,7 @@ def tensor_value(ctx):
     return {"tensor_value": torch.tensor(2.5), "tensor_value/np": np.float32(1.5)}
 '''
 
-SMALL = {**TINY, "data": {**TINY["data"], "n_train": 100, "n_test": 50, "random_label_ratio": [0.0, 1.0]},
+SMALL = {**TINY, "data": {**TINY["data"], "n_train": 100, "n_test": 50, "random_label_ratio": [0.0, 0.5, 1.0]},
          "train": {**TINY["train"], "epochs": 1}, "measure": {**TINY["measure"], "measures": ["frobenius_norm"],
                                                                 "n_examples": 60}}
 
@@ -104,11 +104,9 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("iso")
     cfg = root / "small.yaml"
     cfg.write_text(yaml.safe_dump({**SMALL, "name": "small"}))
-    result = cli("train", str(cfg), "--out", str(root / "out"), "--device", "cpu", "--quiet")
-    assert result.returncode == 0, result.stderr
+    result = cli("run", str(cfg), "--out", str(root / "out"), "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr  # every entry ok: exit 0
     exp = root / "out" / "small"
-    result = cli("measure", str(exp), "--device", "cpu", "--quiet")
-    assert result.returncode == 0, result.stdout + result.stderr  # everything ok: exit 0
     plugin = root / "hostile.py"
     plugin.write_text(textwrap.dedent(HOSTILE))
     return exp, plugin
@@ -140,7 +138,7 @@ def test_a_measure_that_changes_the_model_is_an_error_and_the_others_see_the_mod
     assert "Traceback" not in result.stderr
     after = entries(exp)
     for run, got in after.items():
-        for name, what in (("doubler", "param"), ("trainer", "(now train)"), ("freezer", "requires_grad")):
+        for name, what in (("doubler", "parameter 1.weight"), ("trainer", "(now train)"), ("freezer", "requires_grad")):
             assert got[name]["status"] == "error" and "changed the model" in got[name]["error"], got[name]
             assert what in got[name]["error"]
             assert "values" not in got[name]  # nothing computed on a changed model is kept
@@ -178,7 +176,7 @@ def test_values_are_finite_real_numbers_and_bad_output_never_stops_the_stage(tra
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     got = entries(exp)
-    assert len(got) == 2  # the stage went on to the other run
+    assert len(got) == 3  # the stage went on to the other runs
     for run in got.values():
         for name in ("stringy", "booly", "no_headline", "bad_info"):
             assert run[name]["status"] == "error", run[name]
@@ -207,7 +205,7 @@ def test_a_measure_past_its_timeout_is_an_error_entry_also_in_worker_processes(t
 def test_a_finished_run_whose_model_is_missing_is_damage(exp):
     run = sorted((exp / "runs").iterdir())[0]
     (run / "model.pt").unlink()
-    result = cli("measure", str(exp), "--force", "--device", "cpu", "--quiet")
+    result = in_process("measure", str(exp), "--force", "--device", "cpu", "--quiet")
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "model.pt is missing" in lines[0] and run.name in lines[0]
@@ -401,3 +399,80 @@ def test_a_change_is_described_and_undone():
     assert not any(m.training for m in model.modules()) and all(p.requires_grad for p in model.parameters())
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert guarded_call(model, lambda: 1) == (1, None, None)
+
+
+# ---------------------------------------------------------------- damage is never data
+
+def outputs(exp: Path) -> dict[str, bytes]:
+    """The report's files (everything outside runs/), to check that a refused report changed nothing."""
+    return {str(p.relative_to(exp)): p.read_bytes() for p in sorted(exp.rglob("*"))
+            if p.is_file() and not p.is_symlink() and "runs" not in p.relative_to(exp).parts}
+
+
+def test_a_measures_json_that_is_a_folder_is_refused_and_the_good_report_kept(exp):
+    before = outputs(exp)
+    path = sorted((exp / "runs").iterdir())[0] / "measures.json"
+    path.unlink()
+    path.mkdir()
+    one_line(cli("report", str(exp), "--quiet"), str(path), "a folder, not a file")
+    assert outputs(exp) == before
+
+
+@pytest.mark.parametrize("damage", ["devnull", "empty"])
+def test_damaged_study_yaml_and_run_json_are_refused_never_read_as_something_else(exp, damage):
+    before = outputs(exp)
+    study = exp / "study.yaml"
+    study.unlink()
+    if damage == "devnull":
+        study.symlink_to("/dev/null")
+    else:
+        study.write_text("")
+    what = "not a regular file" if damage == "devnull" else "empty"
+    one_line(in_process("report", str(exp), "--quiet"), "study.yaml", what)
+    one_line(in_process("measure", str(exp), "--device", "cpu"), "study.yaml", "damaged")
+    assert {k: v for k, v in outputs(exp).items() if k != "study.yaml"} == {k: v for k, v in before.items()
+                                                                           if k != "study.yaml"}
+    study.unlink()
+    study.write_bytes(before["study.yaml"])
+    run_json = sorted((exp / "runs").iterdir())[1] / "run.json"
+    run_json.write_text("")
+    one_line(in_process("report", str(exp), "--quiet"), str(run_json), "empty")
+    assert outputs(exp) == before
+
+
+CUTS = {
+    "cut mid-row": lambda text: text[: text.index("\n", text.index("\n") + 1) + 12],
+    "garbage": lambda text: "this is not, a table\nat all\n",
+    "binary": lambda text: "\x00\x01\x02",
+    "no measure column": lambda text: text.replace("measure,", "meas,", 1),
+    "tau not a number": lambda text: _with_tau(text, "abc"),
+}
+
+
+def _with_tau(text: str, tau: str) -> str:
+    """correlations.csv with the first row's kendall_tau replaced by `tau`."""
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    rows[1][rows[0].index("kendall_tau")] = tau
+    out = io.StringIO()
+    csv.writer(out).writerows(rows)
+    return out.getvalue()
+
+
+def test_compare_refuses_a_damaged_correlations_csv_in_one_line(exp, tmp_path):
+    good = (exp / "correlations.csv").read_text()
+    assert in_process("compare", str(exp), "--out", str(tmp_path / "ok")).returncode == 0
+    for name, cut in CUTS.items():
+        text = cut(good)
+        (exp / "correlations.csv").write_bytes(text.encode("latin-1") if name == "binary" else text.encode())
+        one_line(in_process("compare", str(exp), "--out", str(tmp_path / name)), "correlations.csv")
+    (exp / "correlations.csv").write_text("")
+    one_line(cli("compare", str(exp), "--out", str(tmp_path / "empty")), "correlations.csv", "empty")
+
+
+def test_report_seed_must_be_a_seed(exp):
+    result = in_process("report", str(exp), "--seed", "-1")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "--seed" in lines[0], result.stderr

@@ -56,7 +56,7 @@ class Fingerprint:
 
 def fingerprint(model: nn.Module) -> Fingerprint:
     """The model's fingerprint (parameters and buffers hashed, every module's mode, every requires_grad)."""
-    tensors = {f"param {n}": _tensor_digest(p) for n, p in model.named_parameters(remove_duplicate=False)}
+    tensors = {f"parameter {n}": _tensor_digest(p) for n, p in model.named_parameters(remove_duplicate=False)}
     tensors.update({f"buffer {n}": _tensor_digest(b) for n, b in model.named_buffers(remove_duplicate=False)
                     if b is not None})
     modes = {n or "(model)": m.training for n, m in model.named_modules(remove_duplicate=False)}

@@ -231,9 +231,11 @@ def _error_text(exc: BaseException) -> dict[str, Any]:
         return {"error": str(exc)}
     if isinstance(exc, SystemExit):
         return {"error": f"SystemExit({exc.code!r}): the measure tried to end the process"}
+    if isinstance(exc, MeasureOutputError):
+        return {"error": str(exc)}  # names the measure and what it returned; where it returned is no help
     text: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
     frames = traceback.extract_tb(exc.__traceback__)
-    if frames and not isinstance(exc, MeasureOutputError):
+    if frames:
         text["where"] = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
     return text
 

@@ -25,7 +25,7 @@ from flatbench.measures.plugins import is_file_spec
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
 from flatbench.measures.runner import check_settings
 from flatbench.models import check_model_name
-from flatbench.store import (STUDY_FILE, atomic_write_text, list_run_dirs)
+from flatbench.store import (STUDY_FILE, atomic_write_text, file_problem, list_run_dirs)
 
 
 
@@ -67,10 +67,13 @@ def read_saved_study(exp_dir: str | Path, overrides: tuple[str, ...] = ()) -> St
     if not exp_dir.exists():
         raise FlatbenchError(f"experiment folder {exp_dir} does not exist")
     saved = exp_dir / STUDY_FILE
+    fix = "restore it or re-run `flatbench train` with the study's config"
+    problem = file_problem(saved)
+    if problem:
+        raise FlatbenchError(f"{saved} is damaged ({problem}); {fix}")
     if not saved.is_file():
         hint = " (it is a file)" if exp_dir.is_file() else ""
         raise FlatbenchError(f"{exp_dir} is not a flatbench experiment folder{hint}: no {STUDY_FILE} in it")
-    fix = "restore it or re-run `flatbench train` with the study's config"
     try:
         raw = strict_yaml.load(saved.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:

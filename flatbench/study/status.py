@@ -11,7 +11,7 @@ from flatbench.config import run_config_from_dict
 from flatbench.errors import CheckpointError, FlatbenchError
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, resolve_names
-from flatbench.measures.runner import read_entries
+from flatbench.measures.runner import DONE, FAILED, read_entries
 from flatbench.store import MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir
 from flatbench.study.cluster import EXECUTORS
 from flatbench.study.spec import read_saved_study, stale_run_ids
@@ -79,7 +79,7 @@ def _measure_state(run_path: Path, keys: list[str]) -> tuple[bool, str | None]:
     """(every configured entry present, the damage of measures.json if any)."""
     entries, damaged = read_entries(run_path)
     problem = f"{run_path / 'measures.json'} is damaged ({damaged})" if damaged else None
-    done = bool(keys) and all(entries.get(k, {}).get("status") in ("ok", "not_applicable", "error") for k in keys)
+    done = bool(keys) and all(entries.get(k, {}).get("status") in (*DONE, *FAILED) for k in keys)
     return done and not damaged, problem
 
 
