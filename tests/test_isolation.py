@@ -476,3 +476,56 @@ def test_report_seed_must_be_a_seed(exp):
     result = in_process("report", str(exp), "--seed", "-1")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "--seed" in lines[0], result.stderr
+
+
+# ---------------------------------------------------------------- bounds
+
+@pytest.mark.parametrize("override, fragment", [
+    ("train.epochs=1000000", "train.epochs must be at most 100,000, got 1000000"),
+    ("train.batch_size=100000000", "train.batch_size must be at most"),
+    ("model.widths=[100000000]", "model.widths must be at most"),
+    ("measure.n_examples=10000000000", "measure.n_examples must be at most"),
+    ("measure.settings={spectral_norm: {iters: 1000000000000}}", "spectral_norm.iters must be at most 10,000,000"),
+    ("measure.settings={hessian_trace: {probes: 100000000}}", "hessian_trace.probes must be at most"),
+    ('name="a\\nb"', "without control characters"),
+    ('name="a\\tb"', "without control characters"),
+])
+def test_sizes_counts_and_names_are_bounded(tmp_path, override, fragment):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump({**SMALL, "name": "s"}))
+    one_line(in_process("train", str(cfg), "--out", str(tmp_path / "o"), override), fragment)
+    assert not (tmp_path / "o").exists()
+
+
+def test_values_at_the_bounds_are_accepted():
+    from flatbench.config import parse_study
+    from flatbench.study.spec import _check_setting_types
+
+    study = parse_study({**SMALL, "name": "s", "train": {**SMALL["train"], "epochs": 100_000},
+                         "measure": {**SMALL["measure"], "n_examples": None, "workers": 1024}})
+    assert study.runs[0][1].train.epochs == 100_000
+    _check_setting_types({"spectral_norm": {"iters": 10**7}})
+
+
+def _npz(path: Path, n_train: int, n_test: int) -> Path:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.normal(size=(n_train, 5)).astype("float32"), y_train=np.arange(n_train) % 3,
+             x_test=rng.normal(size=(n_test, 5)).astype("float32"), y_test=np.arange(n_test) % 3)
+    return path
+
+
+def test_a_dataset_without_test_or_training_examples_is_refused_before_training(tmp_path):
+    cfg = tmp_path / "s.yaml"
+    data = {"n_train": None, "n_test": None, "random_label_ratio": 0.0}
+    sizes = {"notest": (40, 0), "notrain": (0, 40)}
+    for name, (n_train, n_test) in sizes.items():
+        npz = _npz(tmp_path / f"{name}.npz", n_train, n_test)
+        raw = {**SMALL, "name": name, "data": {**data, "dataset": str(npz)},
+               "measure": {**SMALL["measure"], "n_examples": None}}
+        cfg.write_text(yaml.safe_dump(raw))
+        run = cli if name == "notest" else in_process
+        which = "test" if name == "notest" else "training"
+        one_line(run("train", str(cfg), "--out", str(tmp_path / "o")), f"has 0 {which} examples", "gap")
+        assert not (tmp_path / "o").exists()

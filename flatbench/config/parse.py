@@ -262,6 +262,7 @@ def _validate_choices(run: RunConfig) -> None:
     for where, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")
+    _check_upper_bounds(run)
     for where, value in {"data.n_train": run.data.n_train, "data.n_test": run.data.n_test}.items():
         if value is not None and value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")
@@ -299,6 +300,31 @@ def _validate_choices(run: RunConfig) -> None:
             raise ConfigError(f"train.snapshot_losses: {folders[folder]!r} and {level!r} would share the snapshot "
                               f"folder {folder} (levels must differ in their first 6 significant digits)")
         folders[folder] = level
+
+
+UPPER_BOUNDS = {"train.epochs": 100_000, "train.batch_size": 10**7, "train.eval_batch_size": 10**7,
+                "train.eval_every": 100_000, "train.workers": 1024, "train.step_size": 100_000,
+                "model.width": 10**6, "model.depth": 10_000, "data.n_train": 10**9, "data.n_test": 10**9,
+                "measure.n_examples": 10**9, "measure.chunk_size": 10**9, "measure.max_memory_mb": 10**8,
+                "measure.workers": 1024}
+"""Sane upper bounds of sizes and counts: a value above is a typo or a unit slip (`train.epochs=10**30`),
+refused in one line instead of running for ever."""
+
+
+def _refuse_above(where: str, value: Any) -> None:
+    if value is not None and value > UPPER_BOUNDS[where]:
+        raise ConfigError(f"{where} must be at most {UPPER_BOUNDS[where]:,}, got {value}")
+
+
+def _check_upper_bounds(run: RunConfig) -> None:
+    """Every bounded field of a run's config (`UPPER_BOUNDS`) within its bound."""
+    for where in UPPER_BOUNDS:
+        section, key = where.split(".")
+        if section != "measure":
+            _refuse_above(where, getattr(getattr(run, section), key))
+    for w in run.model.widths:
+        if w > UPPER_BOUNDS["model.width"]:
+            raise ConfigError(f"model.widths must be at most {UPPER_BOUNDS['model.width']:,} each, got {w}")
 
 
 def _validate_report(cfg: ReportConfig) -> None:
@@ -340,6 +366,8 @@ def _validate_measure(cfg: MeasureConfig) -> None:
     if cfg.chunk_size <= 0 or cfg.max_memory_mb <= 0:
         raise ConfigError(f"measure.chunk_size and measure.max_memory_mb must be positive, got {cfg.chunk_size} "
                           f"and {cfg.max_memory_mb}")
+    for key in ("n_examples", "chunk_size", "max_memory_mb", "workers"):
+        _refuse_above(f"measure.{key}", getattr(cfg, key))
     if not 0 < cfg.timeout_s <= MAX_TIMEOUT_S:
         raise ConfigError(f"measure.timeout_s must be in (0, {MAX_TIMEOUT_S}] seconds, got {cfg.timeout_s!r}")
     for name, settings in cfg.settings.items():
@@ -368,6 +396,9 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None, 
     name = _coerce(raw.get("name", default_name), str, "name")
     if not name.strip() or "/" in name or "\\" in name or name.strip() in (".", ".."):
         raise ConfigError(f"name must be a plain folder name (no '/', not '.' or '..'), got {name!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ConfigError(f"name must be a plain folder name without control characters (a newline, a tab ...), "
+                          f"got {name!r}")
     out_dir = out or _coerce(raw.get("out", "results"), str, "out")
     if not out_dir:
         raise ConfigError("out must be a folder, got ''")
