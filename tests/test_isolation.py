@@ -129,11 +129,11 @@ def failed_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("failed: ")]
 
 
-def test_a_measure_that_changes_the_model_is_an_error_and_the_others_see_the_model_as_trained(trained, exp):
+def test_a_measure_that_changes_the_model_or_exits_is_an_error_and_the_others_see_the_model_as_trained(trained, exp):
     _, plugin = trained
     before = entries(exp)
     result = cli("measure", str(exp), "--force", "--device", "cpu", "--plugin", str(plugin),
-                 "--measures", "doubler,frobenius_norm,trainer,freezer,spectral_norm")
+                 "--measures", "doubler,frobenius_norm,trainer,freezer,exiter,spectral_norm")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     after = entries(exp)
@@ -145,19 +145,12 @@ def test_a_measure_that_changes_the_model_is_an_error_and_the_others_see_the_mod
         # computed after the doubling: the value of the model as trained, bit for bit
         assert got["frobenius_norm"]["values"] == before[run]["frobenius_norm"]["values"]
         assert got["spectral_norm"]["status"] == "ok"
-    lines = failed_lines(result)
-    assert len(lines) == 3 * len(after), result.stderr  # one line per failed entry: run, measure, reason
-    assert all("changed the model" in line for line in lines)
-
-
-def test_sys_exit_in_a_measure_is_an_error_entry_and_a_non_zero_exit(trained, exp):
-    _, plugin = trained
-    result = cli("measure", str(exp), "--force", "--device", "cpu", "--plugin", str(plugin),
-                 "--measures", "exiter,frobenius_norm")
-    assert result.returncode == 1, result.stdout + result.stderr
-    for got in entries(exp).values():
+        # sys.exit in a measure: that entry's error, never the process's exit 0
         assert got["exiter"]["status"] == "error" and "SystemExit" in got["exiter"]["error"]
-        assert got["frobenius_norm"]["status"] == "ok"
+    lines = failed_lines(result)
+    assert len(lines) == 4 * len(after), result.stderr  # one line per failed entry: run, measure, reason
+    assert sum("changed the model" in line for line in lines) == 3 * len(after)
+    assert all(line.startswith(f"failed: {run} ") for run in after for line in lines if run in line)
 
 
 def test_sys_exit_at_a_plugins_import_is_one_line_and_exit_2(exp, tmp_path):
@@ -309,10 +302,16 @@ def _values(df) -> dict[str, float]:
     return dict(zip(df["key"], df["value"]))
 
 
-def test_the_api_measures_in_eval_mode_with_every_parameter_and_leaves_the_callers_model_as_it_was():
+def test_the_api_measures_in_eval_mode_with_every_parameter_and_leaves_the_callers_model_as_it_was(own_registry):
     import flatbench
 
-    names = ["hessian_trace", "frobenius_norm", "fisher_rao_norm"]
+    @flatbench.register_measure("_api_trainable")
+    def _api_trainable(ctx):
+        """What a measure differentiating the trainable parameters sees: how many there are, and the mode."""
+        return {"_api_trainable": sum(p.numel() for p in ctx.model.parameters() if p.requires_grad),
+                "_api_trainable/training": sum(m.training for m in ctx.model.modules())}
+
+    names = ["hessian_trace", "frobenius_norm", "fisher_rao_norm", "_api_trainable"]
     reference = _bn_dropout_model().eval()
     expected = _values(flatbench.measure(reference, _data(), names))
     model = _bn_dropout_model().train()  # the caller's model: train mode, the first layer frozen
@@ -322,6 +321,8 @@ def test_the_api_measures_in_eval_mode_with_every_parameter_and_leaves_the_calle
     df = flatbench.measure(model, _data(), names)
     assert (df["status"] == "ok").all(), df
     assert _values(df) == expected  # eval mode (dropout off, running statistics) and every parameter
+    assert expected["_api_trainable"] == sum(p.numel() for p in model.parameters())
+    assert expected["_api_trainable/training"] == 0
     assert all(m.training for m in model.modules())
     assert [p.requires_grad for p in model.parameters()] == [False, False, True, True, True, True]
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # running stats untouched

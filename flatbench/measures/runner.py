@@ -8,6 +8,10 @@ another measurement set (`context`), which would mix two definitions in one repo
 `force` recomputes everything. Failed entries are retried. A failing measure is recorded with its error
 and the others go on; a model that cannot be loaded at all gets its error in every pending entry.
 
+Each measure is isolated from the others (`isolation.guarded_call`): one that changes the model is an
+error entry and the model is put back; a value is a finite real number (`non_finite` otherwise); each
+entry has a time limit (`measure.timeout_s`).
+
 Each entry also records the measure's direction (`larger_is_sharper`), so that the analysis reads it from
 the files instead of the registry.
 
