@@ -333,7 +333,10 @@ def load_run_info(run_path: str | os.PathLike) -> dict:
 
 def run_json_problem(run_path: str | os.PathLike) -> str | None:
     """Why a run folder's run.json cannot be used (unreadable or of the wrong shape), or None (also when
-    there is none)."""
+    there is none). A run.json that is a folder, a link to /dev/null or empty is damage, never "not started"."""
+    problem = file_problem(Path(run_path) / RUN_JSON)
+    if problem:
+        return f"{Path(run_path) / RUN_JSON} is damaged ({problem}); move the run folder away or delete it to retrain"
     if not (Path(run_path) / RUN_JSON).is_file():
         return None
     try:

@@ -530,3 +530,22 @@ def test_a_dataset_without_test_or_training_examples_is_refused_before_training(
         which = "test" if name == "notest" else "training"
         one_line(run("train", str(cfg), "--out", str(tmp_path / "o")), f"has 0 {which} examples", "gap")
         assert not (tmp_path / "o").exists()
+
+
+def test_measure_and_status_name_a_measures_json_or_run_json_that_is_no_file(exp):
+    first, second = sorted((exp / "runs").iterdir())[:2]
+    (first / "measures.json").unlink()
+    (first / "measures.json").mkdir()
+    (second / "run.json").unlink()
+    (second / "run.json").symlink_to("/dev/null")
+    result = in_process("measure", str(exp), "--device", "cpu", "--quiet")
+    line = one_line(result, "could not be measured", "damaged")
+    assert "measures.json" in line or "run.json" in line
+    assert (first / "measures.json").is_dir()  # never overwritten
+    third = sorted((exp / "runs").iterdir())[2]
+    assert json.loads((third / "measures.json").read_text())["frobenius_norm"]["status"] == "ok"
+    status = in_process("status", str(exp), "--json")
+    state = json.loads(status.stdout)
+    assert state["runs"][second.name]["state"] == "damaged"
+    assert "not a regular file" in json.dumps(state["runs"][second.name])
+    assert "a folder, not a file" in in_process("status", str(exp)).stdout

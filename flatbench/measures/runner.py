@@ -55,6 +55,7 @@ from flatbench.store import (
     MODEL_FILE,
     RUN_JSON,
     atomic_write_json,
+    file_problem,
     is_finished,
     json_problem,
     load_run_info,
@@ -258,9 +259,19 @@ def _checked_output(spec: MeasureSpec, loss: str | None, out: MeasureOutput) -> 
     return {"status": "ok", "values": values, "info": out.info}
 
 
+def not_a_file(path: Path) -> str | None:
+    """Why a measures.json that is there is no file at all (a folder, a link to /dev/null): damage that no
+    repair can read (an empty or cut-off file is repaired: `read_entries`)."""
+    problem = file_problem(path)
+    return None if problem is None or problem.startswith("empty") else problem
+
+
 def read_entries(target: Target | Path) -> tuple[dict[str, Any], str | None]:
     """A target's measures.json entries and, if the file is damaged, what is wrong with it."""
     path = _as_target(target).measures_file
+    problem = not_a_file(path)
+    if problem:
+        return {}, problem
     if not path.is_file():
         return {}, None
     entries, problem = read_json_salvaged(path)
@@ -352,9 +363,14 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
     target = _as_target(target)
     if not is_finished(target.run_path):
         raise FlatbenchError(f"run {target.run_path.name} has not finished training; run `flatbench train` first")
+    report = MeasureReport(entries=0, errors=0)
     path = target.measures_file
+    if not_a_file(path):  # a folder or a link to /dev/null: named, never overwritten, the other runs go on
+        report.failure = f"{path} is damaged ({not_a_file(path)}); remove it and run `flatbench measure` again"
+        report.errors = len(pending_entries(target, names, cfg, force, results={})[1])
+        return report
     results, damaged = read_entries(target)
-    report = MeasureReport(entries=len(results), errors=0)
+    report.entries = len(results)
     if damaged:
         report.damaged = str(path)
         shutil.copyfile(path, path.with_name(path.name + ".damaged"))

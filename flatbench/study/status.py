@@ -12,7 +12,8 @@ from flatbench.errors import CheckpointError, FlatbenchError
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, resolve_names
 from flatbench.measures.runner import DONE, FAILED, read_entries
-from flatbench.store import MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir
+from flatbench.store import (MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir,
+                             run_json_problem)
 from flatbench.study.cluster import EXECUTORS
 from flatbench.study.spec import read_saved_study, stale_run_ids
 
@@ -35,6 +36,9 @@ def run_state(run_path: Path) -> tuple[str, str | None]:
     """
     run_path = Path(run_path)
     held = _lock_held(run_path)
+    damage = run_json_problem(run_path)
+    if damage:
+        return "damaged", damage
     if not (run_path / RUN_JSON).is_file():
         return ("running", None) if held else ("not_started", None)
     try:
