@@ -23,11 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from flatbench.config import DataConfig, MeasureConfig
+from flatbench.config.parse import MAX_TIMEOUT_S
 from flatbench.curvature import use_hvp_mode
 from flatbench.data import check_dataset_name, load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError
 from flatbench.losses import get_loss
 from flatbench.measures.context import MeasureContext
+from flatbench.measures.isolation import ModelGuard, describe_change, fingerprint
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
 from flatbench.measures.runner import check_settings, compute_entry
@@ -35,6 +37,7 @@ from flatbench.models import build_from_factory
 from flatbench.store import atomic_write_json, atomic_write_text, torch_load
 
 COLUMNS = ("measure", "key", "value", "status", "reason", "seconds")
+DEFAULT_TIMEOUT_S = MeasureConfig.timeout_s
 
 
 def _as_tensors(data: Any, n_examples: int | None) -> tuple[Tensor, Tensor]:
@@ -74,20 +77,21 @@ def measure(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, 
             loss: str | Callable[..., Any] = "ce", n_examples: int | None = None, device: str | torch.device = "cpu",
             dtype: torch.dtype = torch.float64, settings: dict[str, dict[str, Any]] | None = None,
             plugins: list[str] | tuple[str, ...] | None = None, seed: int = 0, hvp_mode: str = "auto",
-            chunk_size: int = 2000, max_memory_mb: int = 1024) -> Any:
+            chunk_size: int = 2000, max_memory_mb: int = 1024, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Any:
     """Compute `measures` (names, `all`, or a comma list) on `model` with `data` and return a DataFrame
     (`measure_records`, one row per result key)."""
     return records_to_frame(measure_records(
         model, data, measures, loss=loss, n_examples=n_examples, device=device, dtype=dtype, settings=settings,
-        plugins=plugins, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size, max_memory_mb=max_memory_mb))
+        plugins=plugins, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size, max_memory_mb=max_memory_mb,
+        timeout_s=timeout_s))
 
 
 def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, ...] = "all", *,
                     loss: str | Callable[..., Any] = "ce", n_examples: int | None = None,
                     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
                     settings: dict[str, dict[str, Any]] | None = None, plugins: list[str] | tuple[str, ...] | None = None,
-                    seed: int = 0, hvp_mode: str = "auto", chunk_size: int = 2000, max_memory_mb: int = 1024
-                    ) -> dict[str, dict[str, Any]]:
+                    seed: int = 0, hvp_mode: str = "auto", chunk_size: int = 2000, max_memory_mb: int = 1024,
+                    timeout_s: float | None = DEFAULT_TIMEOUT_S) -> dict[str, dict[str, Any]]:
     """Compute `measures` (names, `all`, or a comma list) on `model` with `data` and return a DataFrame.
 
     `loss`: ce | normalized_ce | mse | `file.py:function` | a function (logits, targets) -> per-example
@@ -95,9 +99,29 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     (yours is left as it is), moved to `device` and `dtype` and put in eval mode. `settings`: per-measure
     settings as in `measure.settings`. `plugins`: measure plugin files or modules to load first. `seed`
     seeds every measure's random draws. `hvp_mode`: auto | rev_fwd | fwd_rev | double_backward.
+    `timeout_s`: seconds one measure may take (None: no limit; the limit needs the main thread).
+    Your model is measured in eval mode with every parameter trainable, and is left in the mode and with the
+    `requires_grad` flags it came with (`isolation.ModelGuard`).
     """
     if not isinstance(model, nn.Module):
         raise FlatbenchError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise FlatbenchError(f"timeout_s must be in (0, {MAX_TIMEOUT_S}] seconds or None, got {timeout_s!r}")
+    guard = ModelGuard(model)
+    try:
+        return _measure_copy(model, data, measures, loss=loss, n_examples=n_examples, device=device, dtype=dtype,
+                             settings=settings, plugins=plugins, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size,
+                             max_memory_mb=max_memory_mb, timeout_s=timeout_s)
+    finally:
+        if describe_change(guard.print, fingerprint(model)):
+            guard.restore(model)
+
+
+def _measure_copy(model: nn.Module, data: Any, measures: Any, *, loss: Any, n_examples: int | None, device: Any,
+                  dtype: torch.dtype, settings: dict | None, plugins: Any, seed: int, hvp_mode: str, chunk_size: int,
+                  max_memory_mb: int, timeout_s: float | None) -> dict[str, dict[str, Any]]:
+    """`measure_records` on a copy of the caller's model, in eval mode with every parameter trainable."""
     load_plugins(list(plugins or ()))
     names = resolve_names([measures] if isinstance(measures, str) else list(measures))
     if not names:
@@ -114,7 +138,7 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     if hvp_mode != "auto":
         use_hvp_mode(net, hvp_mode)
     ctx = _context(net, x, y, loss, seed=seed, chunk_size=chunk_size, max_memory_mb=max_memory_mb)
-    return compute_records(ctx, names, settings)
+    return compute_records(ctx, names, settings, timeout_s)
 
 
 def _context(net: nn.Module, x: Tensor, y: Tensor, loss: Any, **kwargs: Any) -> Any:
@@ -135,13 +159,16 @@ def _context(net: nn.Module, x: Tensor, y: Tensor, loss: Any, **kwargs: Any) -> 
     return ctx
 
 
-def compute_records(ctx: Any, names: list[str], settings: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """measures.json entries (key → record, as the study's measure stage writes them) of `names` on `ctx`."""
+def compute_records(ctx: Any, names: list[str], settings: dict[str, dict[str, Any]],
+                    timeout_s: float | None = None) -> dict[str, dict[str, Any]]:
+    """measures.json entries (key → record, as the study's measure stage writes them) of `names` on `ctx`,
+    each measure isolated from the others (`runner.compute_entry`)."""
     records: dict[str, dict[str, Any]] = {}
     for name in names:
         spec = get_measure(name)
         for entry_loss, key in entry_keys(name, spec, (ctx.loss_name,)):
-            records[key] = {"measure": name, **compute_entry(ctx, spec, spec.settings(settings), entry_loss)}
+            records[key] = {"measure": name, **compute_entry(ctx, spec, spec.settings(settings), entry_loss,
+                                                                 timeout_s)}
     return records
 
 

@@ -4,7 +4,9 @@ The commands only parse options and call the stages (`flatbench.study`: train, m
 status, cluster); they import those (and torch) only when they run, so `flatbench --help` is instant.
 
 Errors the user can fix (`FlatbenchError`, and file-system errors such as an unwritable `--out`) are
-printed as one line on stderr with exit code 2; nothing that already finished is touched. A preempted
+printed as one line on stderr with exit code 2; nothing that already finished is touched. `measure`,
+`measure-model` and `run` exit 0 only when every entry asked for is ok or not applicable, and 1 when an
+entry failed (each listed on stderr in one line: model, entry, reason). A preempted
 training (SIGTERM/SIGUSR1/SIGUSR2) exits with 143 after its last checkpoint, ready to be resumed by the
 same command; Ctrl-C exits with 130 the same way.
 
@@ -206,7 +208,7 @@ def measure(target: str, overrides: tuple[str, ...], out: str | None, device: st
 @click.option("--include-stale", is_flag=True,
               help="Also count runs left in runs/ by an earlier version of the study (listed as not in this study).")
 @click.option("--quiet", is_flag=True, help="One line: where the report is and the best measure.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
               help="Seed of the report's resampling (bootstrap intervals, comparisons, Monte-Carlo permutations).")
 @PLUGIN
 def report(experiments: tuple[str, ...], out_dir: str | None, gap: str | None, min_train_acc: float | None,
@@ -423,11 +425,16 @@ def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples
         click.echo(f"{row['key']:{width}s}  {text}  ({row['seconds']:.2f}s)")
     if where is not None:
         click.echo(f"-> {where / 'measures.json'}, {where / 'table.csv'}")
+    failed = df[df["status"].isin(["error", "non_finite"])]
+    _list_failed([(factory, row["key"], str(row["reason"])) for _, row in failed.iterrows()])
+    if len(failed):
+        _exit_failed(len(failed))
 
 
 def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None) -> None:
-    """Exit non-zero (one line) when runs failed to train or could not be measured; everything else done
-    is kept."""
+    """The exit code a scheduler can trust. Runs that failed to train or models that could not be measured
+    (damage) exit 2 in one line; measure entries that failed (error, non_finite) are listed one per line on
+    stderr (model, entry, reason) and exit 1; everything else done is kept."""
     problems = []
     if outcome and outcome.failed:
         problems.append(f"{len(outcome.failed)} run(s) failed to train: {', '.join(outcome.failed)} "
@@ -435,8 +442,25 @@ def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None) -> None:
     if counts is not None and counts.failed_runs:
         first = next(iter(counts.failed_runs.items()))
         problems.append(f"{len(counts.failed_runs)} model(s) could not be measured ({first[0]}: {first[1]})")
+    failed = list(counts.failed_entries) if counts is not None else []
+    _list_failed(failed)
     if problems:
         raise FlatbenchError("; ".join(problems))
+    if failed:
+        _exit_failed(len(failed))
+
+
+def _list_failed(failed: list[tuple[str, str, str]]) -> None:
+    """One line on stderr per failed entry: the model, the entry, the reason."""
+    for label, key, reason in failed:
+        click.echo(f"failed: {one_line(label)} {one_line(key)}: {one_line(reason)[:200]}", err=True)
+
+
+def _exit_failed(n: int) -> None:
+    """Exit 1: the stage ran, and `n` entries asked for failed (listed above)."""
+    click.echo(f"error: {n} measure entr{'y' if n == 1 else 'ies'} failed (listed above; the other entries "
+               "are kept)", err=True)
+    sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any, Iterator
 
 import torch
 
-from flatbench.errors import CheckpointError, ConfigError, FlatbenchError
+from flatbench.errors import CheckpointError, ConfigError, FlatbenchError, one_line
 
 GAPS = ("acc", "loss")
 """The generalization gaps a run records (table.csv columns gap_acc, gap_loss) and a report correlates
@@ -87,6 +88,16 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset, tuple)):
         return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def json_problem(obj: Any) -> str | None:
+    """Why `obj` cannot be written by `atomic_write_json` (None when it can): checked before a measure's
+    info is stored, so that one bad value is that measure's error, not a crash of the stage."""
+    try:
+        json.dumps(_clean_floats(obj), default=_json_default, allow_nan=False)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        return one_line(str(exc))[:120]
+    return None
 
 
 def _clean_floats(obj: Any) -> Any:
@@ -192,8 +203,8 @@ def measure_entry_problem(entry: Any) -> str | None:
     if not isinstance(entry, dict):
         return f"a {type(entry).__name__}, not an object"
     status = entry.get("status")
-    if status not in ("ok", "error", "not_applicable"):
-        return f"status {status!r} is not ok, error or not_applicable"
+    if status not in ("ok", "error", "not_applicable", "non_finite"):
+        return f"status {status!r} is not ok, error, not_applicable or non_finite"
     if status == "ok":
         values = entry.get("values")
         if not isinstance(values, dict) or not values:
@@ -322,7 +333,10 @@ def load_run_info(run_path: str | os.PathLike) -> dict:
 
 def run_json_problem(run_path: str | os.PathLike) -> str | None:
     """Why a run folder's run.json cannot be used (unreadable or of the wrong shape), or None (also when
-    there is none)."""
+    there is none). A run.json that is a folder, a link to /dev/null or empty is damage, never "not started"."""
+    problem = file_problem(Path(run_path) / RUN_JSON)
+    if problem:
+        return f"{Path(run_path) / RUN_JSON} is damaged ({problem}); move the run folder away or delete it to retrain"
     if not (Path(run_path) / RUN_JSON).is_file():
         return None
     try:
@@ -341,6 +355,45 @@ def is_finished(run_path: str | os.PathLike) -> bool:
         return load_run_info(path).get("status") == "finished"
     except FlatbenchError:
         return False
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path`, which is there, cannot be a file flatbench wrote: a folder, something that is not a regular
+    file (a link to /dev/null, a dangling link, a device) or an empty file. None for a regular file with
+    something in it, and for nothing at all (a missing file is each reader's own case). Damage is never read
+    as data: an empty or absent measures.json would otherwise be a run without values, a study.yaml that
+    reads as nothing a default study."""
+    p = Path(path)
+    if not os.path.lexists(p):
+        return None
+    link = f" (a link to {os.readlink(p)})" if p.is_symlink() else ""
+    try:
+        st = p.stat()
+    except OSError as exc:
+        return f"unreadable{link}: {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"a folder, not a file{link}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file{link}"
+    if st.st_size == 0:
+        return f"empty{link}"
+    return None
+
+
+def missing_model(run_path: str | os.PathLike) -> str | None:
+    """Why a run that says it finished cannot be: its model.pt is gone (deleted or moved). That is damage,
+    not a run still to train; None for any other run."""
+    path = Path(run_path)
+    if (path / MODEL_FILE).exists() or not (path / RUN_JSON).is_file():
+        return None
+    try:
+        finished = load_run_info(path).get("status") == "finished"
+    except FlatbenchError:
+        return None
+    if not finished:
+        return None
+    return (f"{path / MODEL_FILE} is missing although the run finished (deleted or moved?); restore it, or "
+            "move the run folder away to retrain it")
 
 
 @contextlib.contextmanager

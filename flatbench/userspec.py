@@ -56,10 +56,12 @@ def exec_file(path: Path, name: str, failure: Callable[[BaseException], Flatbenc
     except FlatbenchError:
         sys.modules.pop(name, None)
         raise
-    except Exception as exc:  # noqa: BLE001 - the user's file failing is one line
+    except KeyboardInterrupt:
+        sys.modules.pop(name, None)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the user's file failing (sys.exit included) is one line
         sys.modules.pop(name, None)
         raise failure(exc) from None
-    return module
     return module
 
 

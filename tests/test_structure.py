@@ -113,7 +113,7 @@ def test_one_home_for_each_rule():
     def where(text: str) -> list[str]:
         return sorted(str(p.relative_to(ROOT)) for p, s in sources.items() if text in s)
 
-    assert where("STUDY_FILE).read_text") == [] and len(where("yaml.safe_load(saved")) == 1  # one study reader
+    assert where("STUDY_FILE).read_text") == [] and len(where("strict_yaml.load(saved")) == 1  # one study reader
     assert where("def entry_key(") == ["flatbench/measures/keys.py"]
     assert where("FAMILIES = (") == ["flatbench/rescale.py"]
     assert where('partition("@")') == ["flatbench/measures/keys.py"]

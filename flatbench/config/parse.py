@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import yaml
 
+from flatbench import strict_yaml
 from flatbench.config.schema import (SECTIONS, TOP_LEVEL, DataConfig, MeasureConfig, ModelConfig, ReportConfig,
                                      RunConfig, Study, TrainConfig, snapshot_folder_name)
 from flatbench.errors import ConfigError, did_you_mean
@@ -127,17 +128,14 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        raw = strict_yaml.load(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}): "
                           "a study config is a YAML text file") from None
     except RecursionError:
         raise ConfigError(f"invalid YAML in {path}: nested too deeply") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"invalid YAML in {path}{where}: {problem}") from None
+        raise ConfigError(f"invalid YAML in {path}{strict_yaml.describe(exc)}") from None
     if raw is None or raw == {}:
         raise ConfigError(f"{path} is empty: a study config needs at least one section (data, model, "
                           "train, measure, report); see configs/quickstart.yaml")
@@ -155,7 +153,7 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         key, text = item.split("=", 1)
         key = key.strip()
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = strict_yaml.load(text) if text.strip() else None
         except (yaml.YAMLError, RecursionError):
             raise ConfigError(f"override '{item}': the value is not valid YAML") from None
         parts = key.split(".")
@@ -265,6 +263,7 @@ def _validate_choices(run: RunConfig) -> None:
     for where, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")
+    _check_upper_bounds(run)
     for where, value in {"data.n_train": run.data.n_train, "data.n_test": run.data.n_test}.items():
         if value is not None and value <= 0:
             raise ConfigError(f"{where} must be positive, got {value}")
@@ -304,6 +303,31 @@ def _validate_choices(run: RunConfig) -> None:
         folders[folder] = level
 
 
+UPPER_BOUNDS = {"train.epochs": 100_000, "train.batch_size": 10**7, "train.eval_batch_size": 10**7,
+                "train.eval_every": 100_000, "train.workers": 1024, "train.step_size": 100_000,
+                "model.width": 10**6, "model.depth": 10_000, "data.n_train": 10**9, "data.n_test": 10**9,
+                "measure.n_examples": 10**9, "measure.chunk_size": 10**9, "measure.max_memory_mb": 10**8,
+                "measure.workers": 1024}
+"""Sane upper bounds of sizes and counts: a value above is a typo or a unit slip (`train.epochs=10**30`),
+refused in one line instead of running for ever."""
+
+
+def _refuse_above(where: str, value: Any) -> None:
+    if value is not None and value > UPPER_BOUNDS[where]:
+        raise ConfigError(f"{where} must be at most {UPPER_BOUNDS[where]:,}, got {value}")
+
+
+def _check_upper_bounds(run: RunConfig) -> None:
+    """Every bounded field of a run's config (`UPPER_BOUNDS`) within its bound."""
+    for where in UPPER_BOUNDS:
+        section, key = where.split(".")
+        if section != "measure":
+            _refuse_above(where, getattr(getattr(run, section), key))
+    for w in run.model.widths:
+        if w > UPPER_BOUNDS["model.width"]:
+            raise ConfigError(f"model.widths must be at most {UPPER_BOUNDS['model.width']:,} each, got {w}")
+
+
 def _validate_report(cfg: ReportConfig) -> None:
     gap_column(cfg.gap, "report.gap")
     if not 0.0 <= cfg.min_train_acc <= 1.0:
@@ -312,6 +336,10 @@ def _validate_report(cfg: ReportConfig) -> None:
         raise ConfigError(f"report.max_train_loss must be positive, got {cfg.max_train_loss}")
     if not cfg.max_loss_span >= 1:
         raise ConfigError(f"report.max_loss_span must be at least 1, got {cfg.max_loss_span}")
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600
+"""The longest `measure.timeout_s`: a week for one measure entry."""
 
 
 def _validate_measure(cfg: MeasureConfig) -> None:
@@ -339,6 +367,10 @@ def _validate_measure(cfg: MeasureConfig) -> None:
     if cfg.chunk_size <= 0 or cfg.max_memory_mb <= 0:
         raise ConfigError(f"measure.chunk_size and measure.max_memory_mb must be positive, got {cfg.chunk_size} "
                           f"and {cfg.max_memory_mb}")
+    for key in ("n_examples", "chunk_size", "max_memory_mb", "workers"):
+        _refuse_above(f"measure.{key}", getattr(cfg, key))
+    if not 0 < cfg.timeout_s <= MAX_TIMEOUT_S:
+        raise ConfigError(f"measure.timeout_s must be in (0, {MAX_TIMEOUT_S}] seconds, got {cfg.timeout_s!r}")
     for name, settings in cfg.settings.items():
         if not isinstance(settings, dict):
             raise ConfigError(f"measure.settings.{name} must be a mapping of setting: value")
@@ -365,6 +397,9 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None, 
     name = _coerce(raw.get("name", default_name), str, "name")
     if not name.strip() or "/" in name or "\\" in name or name.strip() in (".", ".."):
         raise ConfigError(f"name must be a plain folder name (no '/', not '.' or '..'), got {name!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ConfigError(f"name must be a plain folder name without control characters (a newline, a tab ...), "
+                          f"got {name!r}")
     out_dir = out or _coerce(raw.get("out", "results"), str, "out")
     if not out_dir:
         raise ConfigError("out must be a folder, got ''")

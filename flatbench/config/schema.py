@@ -178,6 +178,8 @@ class MeasureConfig:
     """auto | rev_fwd | fwd_rev | double_backward: how Hessian-vector products are computed (auto:
     reverse-over-forward, and double backward for a model with an operator that has no forward-mode
     derivative, such as fused attention)."""
+    timeout_s: float = 3600.0
+    """Seconds one measure entry may take; one that takes longer is an `error` entry ("timed out")."""
 
 
 @dataclass(frozen=True)

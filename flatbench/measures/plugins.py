@@ -97,9 +97,9 @@ def _load_module(spec: str) -> str:
     PLUGIN_SOURCES[spec] = (spec, _sha256(origin) if origin else None)
     try:
         importlib.import_module(spec)
-    except FlatbenchError:
+    except (FlatbenchError, KeyboardInterrupt):
         raise
-    except Exception as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - sys.exit() in a plugin's import is its failure, not ours
         raise _fail(spec, exc) from None
     return spec
 

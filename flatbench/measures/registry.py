@@ -20,10 +20,14 @@ than a value to rank by: adding it to `all` would change every study that asks f
 from __future__ import annotations
 
 import importlib
+import numbers
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
+import torch
 
 from flatbench.errors import FlatbenchError, did_you_mean
 from flatbench.measures import builtin
@@ -52,18 +56,52 @@ class MeasureOutput:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class MeasureOutputError(TypeError):
+    """A measure returned something that is not a result (a string, a bool, no headline value...)."""
+
+
+def as_value(value: Any, name: str, key: str) -> float:
+    """One value of a measure's result as a float: an int, a float, a one-element tensor or a numpy scalar
+    (NaN and inf pass here: the runner records them as `non_finite`). A string or a bool is refused, never
+    read as a number: `"1e3"` is not 1000 and `True` is not 1.0."""
+    what = f"measure '{name}' gave {key!r} = {value!r:.60} ({type(value).__name__})"
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        raise MeasureOutputError(f"{what}; a value is a real number (int, float, 0-d tensor, numpy scalar)")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
+            raise MeasureOutputError(f"measure '{name}' gave {key!r} = a {value.dtype} tensor of shape "
+                                     f"{tuple(value.shape)}; a value is one real number")
+        return float(value.detach().reshape(()).item())
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf":
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise MeasureOutputError(f"{what}; a value is a real number (int, float, 0-d tensor, numpy scalar)")
+
+
 def as_output(out: Any, name: str) -> MeasureOutput:
-    """What a measure function returned, as a MeasureOutput: a MeasureOutput, a dict of values, or a bare
-    number (the headline value under the measure's name)."""
+    """What a measure function returned, as a MeasureOutput of float values: a MeasureOutput, a dict of
+    values, or a bare number (the headline value under the measure's name). The headline value (the key
+    `name`) is required; anything else is a `MeasureOutputError` naming the measure."""
     if isinstance(out, MeasureOutput):
-        return out
-    if isinstance(out, dict):
-        return MeasureOutput(dict(out))
-    try:
-        return MeasureOutput({name: float(out)})
-    except (TypeError, ValueError):
-        raise TypeError(f"measure '{name}' returned a {type(out).__name__}; return a number, a dict of values or a "
-                        "MeasureOutput") from None
+        values, info = out.values, out.info
+    elif isinstance(out, dict):
+        values, info = out, {}
+    elif isinstance(out, (numbers.Real, torch.Tensor, np.ndarray)) and not isinstance(out, (bool, np.bool_)):
+        values, info = {name: out}, {}
+    else:
+        raise MeasureOutputError(f"measure '{name}' returned {out!r:.60} ({type(out).__name__}); return a number, a "
+                                 "dict of values or a MeasureOutput (a value is a real number, not a string or a bool)")
+    if not isinstance(values, dict) or not isinstance(info, dict):
+        raise MeasureOutputError(f"measure '{name}' returned a MeasureOutput whose values or info is not a dict")
+    if name not in values:
+        given = ", ".join(repr(k) for k in list(values)[:3]) or "no values"
+        raise MeasureOutputError(f"measure '{name}' returned no headline value {name!r} (got {given}); the key "
+                                 "equal to the measure's name is its headline value")
+    bad = [k for k in values if not isinstance(k, str)]
+    if bad:
+        raise MeasureOutputError(f"measure '{name}' returned the key {bad[0]!r}; result keys are strings")
+    return MeasureOutput({k: as_value(v, name, k) for k, v in values.items()}, info)
 
 
 @dataclass(frozen=True)

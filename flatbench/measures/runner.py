@@ -8,6 +8,10 @@ another measurement set (`context`), which would mix two definitions in one repo
 `force` recomputes everything. Failed entries are retried. A failing measure is recorded with its error
 and the others go on; a model that cannot be loaded at all gets its error in every pending entry.
 
+Each measure is isolated from the others (`isolation.guarded_call`): one that changes the model is an
+error entry and the model is put back; a value is a finite real number (`non_finite` otherwise); each
+entry has a time limit (`measure.timeout_s`).
+
 Each entry also records the measure's direction (`larger_is_sharper`), so that the analysis reads it from
 the files instead of the registry.
 
@@ -23,7 +27,7 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +38,11 @@ from flatbench.curvature import hvp_mode_of, use_hvp_mode
 from flatbench.data import load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError, did_you_mean
 from flatbench.measures.context import MeasureContext
+from flatbench.measures.isolation import MeasureTimeout, guarded_call, time_limit
 from flatbench.measures.keys import entry_keys, value_key
 from flatbench.measures.registry import (
+    MeasureOutput,
+    MeasureOutputError,
     MeasureSpec,
     NotApplicable,
     as_output,
@@ -48,13 +55,17 @@ from flatbench.store import (
     MODEL_FILE,
     RUN_JSON,
     atomic_write_json,
+    file_problem,
     is_finished,
+    json_problem,
     load_run_info,
     read_json_salvaged,
 )
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DONE = ("ok", "not_applicable")
+FAILED = ("error", "non_finite")
+"""Entry statuses that count as failed (the stage exits with 1)."""
 
 
 def plugin_record(spec: MeasureSpec) -> dict[str, Any] | None:
@@ -186,33 +197,81 @@ def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.devic
 
 
 def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, Any],
-                  loss: str | None) -> dict[str, Any]:
-    """Run one measure for one loss and turn its outcome (value, not applicable, error) into an entry."""
+                  loss: str | None, timeout_s: float | None = None) -> dict[str, Any]:
+    """Run one measure for one loss and turn its outcome into an entry: `ok` with finite values, or
+    `not_applicable`, `non_finite` (NaN or inf, with the key) or `error` with the reason: an exception of
+    any kind (SystemExit of a plugin included), a result that is not numbers, info that JSON cannot hold, a
+    time limit passed (`timeout_s`), or a change of the model (`isolation.guarded_call`: the model is put
+    back for the next measure and nothing computed on the changed model is kept)."""
     sub = ctx.for_measure(spec.name, settings, loss_name=loss or "ce")
     record: dict[str, Any] = {"settings": {**settings, **({"loss": loss} if loss else {})},
                               "larger_is_sharper": spec.larger_is_sharper}
     if plugin_record(spec) is not None:
         record["plugin"] = plugin_record(spec)
     start = time.perf_counter()
-    try:
-        out = as_output(spec.fn(sub), spec.base_name)
-        values = {value_key(spec.name, spec.base_name, loss, key): float(value) for key, value in out.values.items()}
-        record.update(status="ok", values=values, info=out.info)
-    except NotApplicable as exc:
+
+    def call() -> Any:
+        with time_limit(timeout_s):
+            return as_output(spec.fn(sub), spec.base_name)
+
+    out, exc, change = guarded_call(ctx.model, call)
+    if change:
+        ctx.cache.clear()  # anything cached during the measure may be of the changed model
+        record.update(status="error", error=f"changed the model ({change})")
+    elif isinstance(exc, FlatbenchError):
+        raise exc
+    elif isinstance(exc, NotApplicable):
         record.update(status="not_applicable", reason=str(exc))
-    except FlatbenchError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failing measure must not stop the study
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        record.update(status="error", error=f"{type(exc).__name__}: {exc}",
-                      where=f"{Path(last.filename).name}:{last.lineno}")
+    elif exc is not None:
+        record.update(status="error", **_error_text(exc))
+    else:
+        record.update(_checked_output(spec, loss, out))
     record["seconds"] = round(time.perf_counter() - start, 4)
     return record
+
+
+def _error_text(exc: BaseException) -> dict[str, Any]:
+    """An error entry's message (and where the measure raised it, for an exception of its own code)."""
+    if isinstance(exc, MeasureTimeout):
+        return {"error": str(exc)}
+    if isinstance(exc, SystemExit):
+        return {"error": f"SystemExit({exc.code!r}): the measure tried to end the process"}
+    if isinstance(exc, MeasureOutputError):
+        return {"error": str(exc)}  # names the measure and what it returned; where it returned is no help
+    text: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        text["where"] = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+    return text
+
+
+def _checked_output(spec: MeasureSpec, loss: str | None, out: MeasureOutput) -> dict[str, Any]:
+    """The fields of an entry with a measure's output: `ok`, or `non_finite` naming the first value that is
+    NaN or inf, or `error` when its info cannot be stored in JSON."""
+    values = {value_key(spec.name, spec.base_name, loss, key): value for key, value in out.values.items()}
+    bad = [(key, value) for key, value in values.items() if not math.isfinite(value)]
+    if bad:
+        return {"status": "non_finite", "reason": f"measure '{spec.name}' gave {bad[0][0]} = {bad[0][1]}"
+                + (f" (and {len(bad) - 1} more non-finite values)" if len(bad) > 1 else "")}
+    problem = json_problem(out.info)
+    if problem:
+        return {"status": "error", "error": f"measure '{spec.name}' returned info that JSON cannot hold ({problem})"}
+    return {"status": "ok", "values": values, "info": out.info}
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why a measures.json that is there is no file at all (a folder, a link to /dev/null): damage that no
+    repair can read (an empty or cut-off file is repaired: `read_entries`)."""
+    problem = file_problem(path)
+    return None if problem is None or problem.startswith("empty") else problem
 
 
 def read_entries(target: Target | Path) -> tuple[dict[str, Any], str | None]:
     """A target's measures.json entries and, if the file is damaged, what is wrong with it."""
     path = _as_target(target).measures_file
+    problem = not_a_file(path)
+    if problem:
+        return {}, problem
     if not path.is_file():
         return {}, None
     entries, problem = read_json_salvaged(path)
@@ -279,6 +338,8 @@ class MeasureReport:
     """Why the model could not be measured at all (its entries then hold this error)."""
     damaged: str | None = None
     """The damaged measures.json that was repaired (its readable entries kept)."""
+    failed: list[tuple[str, str, str]] = field(default_factory=list)
+    """(model label, entry key, reason) of each entry that failed (error or non_finite) in this pass."""
 
 
 def format_value(value: Any) -> str:
@@ -302,9 +363,14 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
     target = _as_target(target)
     if not is_finished(target.run_path):
         raise FlatbenchError(f"run {target.run_path.name} has not finished training; run `flatbench train` first")
+    report = MeasureReport(entries=0, errors=0)
     path = target.measures_file
+    if not_a_file(path):  # a folder or a link to /dev/null: named, never overwritten, the other runs go on
+        report.failure = f"{path} is damaged ({not_a_file(path)}); remove it and run `flatbench measure` again"
+        report.errors = len(pending_entries(target, names, cfg, force, results={})[1])
+        return report
     results, damaged = read_entries(target)
-    report = MeasureReport(entries=len(results), errors=0)
+    report.entries = len(results)
     if damaged:
         report.damaged = str(path)
         shutil.copyfile(path, path.with_name(path.name + ".damaged"))
@@ -333,12 +399,15 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
                 echo(f"  {target.label}: cannot be measured: {exc}")
             return report
     for spec, loss, key in todo:
-        record = compute_entry(context_in(ctx, entry_dtype(cfg.dtype, spec)), spec, spec.settings(cfg.settings), loss)
+        record = compute_entry(context_in(ctx, entry_dtype(cfg.dtype, spec)), spec, spec.settings(cfg.settings), loss,
+                               cfg.timeout_s)
         record["context"] = measurement_context(cfg, spec)
         record["model_sha256"] = sha
         results[key] = record
         atomic_write_json(path, results)
-        report.errors += record["status"] == "error"
+        if record["status"] in FAILED:
+            report.errors += 1
+            report.failed.append((target.label, key, entry_reason(record)))
         if on_entry:
             on_entry(target.label, key)
         if echo:
@@ -347,12 +416,16 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
     return report
 
 
+def entry_reason(record: dict[str, Any]) -> str:
+    """The first line of a failed or not-applicable entry's reason."""
+    text = str(record.get("reason") or record.get("error") or "")
+    return text.splitlines()[0] if text else ""
+
+
 def _entry_line(label: str, key: str, record: dict[str, Any]) -> str:
     """One line per entry; a not-applicable reason or an error goes on its own short line below."""
     status = record["status"]
     head = f"  {label}  {key:34s} "
     if status == "ok":
         return f"{head}{format_value(record['values'].get(key)):>11}  ({record['seconds']:.2f}s)"
-    text = str(record.get("reason") or record.get("error") or "")
-    first = text.splitlines()[0] if text else ""
-    return f"{head}{status.replace('_', ' ')}\n      {first[:150]}"
+    return f"{head}{status.replace('_', ' ')}\n      {entry_reason(record)[:150]}"

@@ -21,7 +21,7 @@ from flatbench.config import Study
 from flatbench.errors import Echo, FlatbenchError
 from flatbench.measures.runner import build_context, measure_run, measure_targets, pending_entries
 from flatbench.measures.shared import prime_hessian_diagonals
-from flatbench.store import folder_lock, is_finished, run_dir, run_json_problem
+from flatbench.store import folder_lock, is_finished, missing_model, run_dir, run_json_problem
 from flatbench.study.spec import check_study, names_for, shard_runs, show_progress
 from flatbench.study.workers import run_jobs
 
@@ -58,6 +58,8 @@ class MeasureCounts:
     """Runs that could not be measured at all (corrupt or replaced model.pt, another config): the reason."""
     damaged_files: list[str] = field(default_factory=list)
     """measures.json files that were damaged (their readable entries were kept)."""
+    failed_entries: list[tuple[str, str, str]] = field(default_factory=list)
+    """(model, entry key, reason) of every entry that failed (error or non_finite): the stage exits with 1."""
 
 
 def measure_study(study: Study, device: torch.device, *, names: list[str] | None = None, force: bool = False,
@@ -79,6 +81,7 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
     def count(target: Any, report: Any, seconds: float) -> None:
         counts.measured += 1
         counts.errors += report.errors
+        counts.failed_entries.extend(report.failed)
         if report.damaged:
             counts.damaged_files.append(report.damaged)
         if report.failure:
@@ -110,7 +113,13 @@ def _targets(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | N
                 echo(f"  {rid}: cannot be measured: {problem}")
             continue
         if not is_finished(path):
-            counts.not_trained += 1
+            missing = missing_model(path)
+            if missing:
+                counts.failed_runs[rid] = missing  # damage, never "not trained yet"
+                if not quiet:
+                    echo(f"  {rid}: cannot be measured: {missing}")
+            else:
+                counts.not_trained += 1
             continue
         targets.extend(measure_targets(path, snapshots=study.measure.snapshots))
     return targets

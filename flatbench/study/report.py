@@ -41,6 +41,7 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
             raise FlatbenchError(f"experiment folder {path} does not exist")
         if not path.is_dir():
             raise FlatbenchError(f"{path} is a file, not an experiment folder")
+        check_regular_files(path)
         if (path / store.STUDY_FILE).is_file():
             study = read_saved_study(path)
             current[path] = set(study.run_ids())
@@ -86,6 +87,25 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         return None
     return write_report(exp_dirs, out, gap=cfg.gap, min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo,
                         records=records, stale=stale, report_cfg=cfg, measure_info=_measure_info(records), seed=seed)
+
+
+def check_regular_files(exp: Path) -> None:
+    """study.yaml and every run's run.json and measures.json, where they are, must be regular files with
+    something in them: a folder, a link to /dev/null or an empty file is damage, refused in one line before
+    anything is written (never read as a study without runs or a run without values)."""
+    paths = [exp / store.STUDY_FILE]
+    runs = exp / store.RUNS_DIR
+    if runs.is_dir():
+        for run in sorted(runs.iterdir()):
+            if run.is_dir():
+                paths += [run / store.RUN_JSON, run / store.MEASURES_JSON]
+    fixes = {store.STUDY_FILE: "restore it or re-run `flatbench train` with the study's config",
+             store.RUN_JSON: "move the run folder away or delete it to retrain",
+             store.MEASURES_JSON: "remove it and run `flatbench measure` on the experiment"}
+    for path in paths:
+        problem = store.file_problem(path)
+        if problem:
+            raise FlatbenchError(f"{path} is damaged ({problem}); {fixes[path.name]}; the report was not written")
 
 
 def _distinct(paths: list[Path]) -> list[Path]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from flatbench import strict_yaml
 from flatbench.config import Study, apply_overrides, load_study, parse_study
 from flatbench.data import check_dataset_name, dataset_root, load_raw
 from flatbench.errors import ConfigError, FlatbenchError
@@ -24,7 +25,7 @@ from flatbench.measures.plugins import is_file_spec
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
 from flatbench.measures.runner import check_settings
 from flatbench.models import check_model_name
-from flatbench.store import (STUDY_FILE, atomic_write_text, list_run_dirs)
+from flatbench.store import (STUDY_FILE, atomic_write_text, file_problem, list_run_dirs)
 
 
 
@@ -66,16 +67,21 @@ def read_saved_study(exp_dir: str | Path, overrides: tuple[str, ...] = ()) -> St
     if not exp_dir.exists():
         raise FlatbenchError(f"experiment folder {exp_dir} does not exist")
     saved = exp_dir / STUDY_FILE
+    fix = "restore it or re-run `flatbench train` with the study's config"
+    problem = file_problem(saved)
+    if problem:
+        raise FlatbenchError(f"{saved} is damaged ({problem}); {fix}")
     if not saved.is_file():
         hint = " (it is a file)" if exp_dir.is_file() else ""
         raise FlatbenchError(f"{exp_dir} is not a flatbench experiment folder{hint}: no {STUDY_FILE} in it")
-    fix = "restore it or re-run `flatbench train` with the study's config"
     try:
-        raw = yaml.safe_load(saved.read_bytes().decode("utf-8"))
+        raw = strict_yaml.load(saved.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise FlatbenchError(f"{saved} is damaged (not UTF-8 text at byte {exc.start}); {fix}") from None
-    except (yaml.YAMLError, RecursionError):
+    except RecursionError:
         raise FlatbenchError(f"{saved} is damaged (not valid YAML); {fix}") from None
+    except yaml.YAMLError as exc:
+        raise FlatbenchError(f"{saved} is damaged (not valid YAML{strict_yaml.describe(exc)}); {fix}") from None
     if raw is None or raw == {}:
         raise FlatbenchError(f"{saved} is damaged (empty); {fix}")
     if not isinstance(raw, dict):
@@ -149,6 +155,11 @@ def with_plugins(study: Study, plugins: tuple[str, ...] | list[str]) -> Study:
     return replace(study, measure=replace(study.measure, plugins=merged), raw=raw)
 
 
+MAX_COUNT = 10**7
+"""The largest integer measure setting (iterations, probes, samples, steps, batch sizes): above it a value is
+a typo or a unit slip, and the measure would run for days."""
+
+
 def _check_setting_types(settings: dict) -> None:
     """Each value of `measure.settings` has the type of the measure's default (a finite number where the
     default is a number), so that a bad value is one line before any work, not an error entry per model."""
@@ -169,6 +180,8 @@ def _check_setting_types(settings: dict) -> None:
                     raise ConfigError(f"{where}: expected a finite number, got {value!r}")
                 if isinstance(default, int) and not number.is_integer():
                     raise ConfigError(f"{where}: expected an integer, got {value!r}")
+                if isinstance(default, int) and number > MAX_COUNT:
+                    raise ConfigError(f"{where} must be at most {MAX_COUNT:,}, got {value!r}")
                 if isinstance(default, int) and default >= 1 and number < 1:
                     raise ConfigError(f"{where} must be at least 1, got {value!r}")
                 if isinstance(default, float) and default > 0 and not number > 0 and "decay" not in key:
@@ -196,6 +209,7 @@ def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
         if key not in seen:
             seen[key] = load_raw(run.data.dataset, dataset_root(run.data.root), run.data.download)
         raw = seen[key]
+        _refuse_an_empty_split(run.data.dataset, int(raw.y_train.numel()), int(raw.y_test.numel()))
         sizes = {"data.n_train": (run.data.n_train, int(raw.y_train.numel()), "training"),
                  "data.n_test": (run.data.n_test, int(raw.y_test.numel()), "test")}
         for where, (asked, available, which) in sizes.items():
@@ -204,6 +218,15 @@ def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
                                   f"'{run.data.dataset}'; give at most {available} (or null: all of them)")
         n_train = run.data.n_train if run.data.n_train is not None else int(raw.y_train.numel())
         _refuse_more_examples_than(study.measure.n_examples, n_train, run)
+
+
+def _refuse_an_empty_split(dataset: str, n_train: int, n_test: int) -> None:
+    """A dataset without training or test examples is refused before training: with no test examples the
+    test accuracy and so the generalization gap are undefined (never a test accuracy of 0)."""
+    for count, which in ((n_train, "training"), (n_test, "test")):
+        if count == 0:
+            raise ConfigError(f"dataset '{dataset}' has 0 {which} examples: the generalization gap (train minus "
+                              f"test accuracy) is undefined; give a dataset with both splits")
 
 
 def check_output_dir(path: str | Path, what: str = "output folder") -> Path:

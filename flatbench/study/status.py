@@ -11,8 +11,9 @@ from flatbench.config import run_config_from_dict
 from flatbench.errors import CheckpointError, FlatbenchError
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, resolve_names
-from flatbench.measures.runner import read_entries
-from flatbench.store import MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir
+from flatbench.measures.runner import DONE, FAILED, read_entries
+from flatbench.store import (MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir,
+                             run_json_problem)
 from flatbench.study.cluster import EXECUTORS
 from flatbench.study.spec import read_saved_study, stale_run_ids
 
@@ -35,6 +36,9 @@ def run_state(run_path: Path) -> tuple[str, str | None]:
     """
     run_path = Path(run_path)
     held = _lock_held(run_path)
+    damage = run_json_problem(run_path)
+    if damage:
+        return "damaged", damage
     if not (run_path / RUN_JSON).is_file():
         return ("running", None) if held else ("not_started", None)
     try:
@@ -79,7 +83,7 @@ def _measure_state(run_path: Path, keys: list[str]) -> tuple[bool, str | None]:
     """(every configured entry present, the damage of measures.json if any)."""
     entries, damaged = read_entries(run_path)
     problem = f"{run_path / 'measures.json'} is damaged ({damaged})" if damaged else None
-    done = bool(keys) and all(entries.get(k, {}).get("status") in ("ok", "not_applicable", "error") for k in keys)
+    done = bool(keys) and all(entries.get(k, {}).get("status") in (*DONE, *FAILED) for k in keys)
     return done and not damaged, problem
 
 

@@ -1,0 +1,52 @@
+"""YAML as flatbench reads it: safe, and strict about duplicate keys.
+
+PyYAML keeps the last of two equal keys in a mapping without a word, so a second `train:` section in a
+config (or a second `report:` in a saved study.yaml) silently replaces the first and a study trains with
+values nobody meant. Every YAML flatbench reads goes through `load`, which refuses a duplicate key as a
+`yaml.YAMLError` naming the key and the line of both occurrences; `describe` turns any YAML error into
+the few words of a one-line message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from yaml.constructor import ConstructorError
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (a `<<` merge may still override)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor says so
+                if first is not None:
+                    raise ConstructorError("while constructing a mapping", node.start_mark,
+                                           f"duplicate key {key!r} (also at line {first + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def load(text: str) -> Any:
+    """The YAML document `text`, read safely; a duplicate key raises a `yaml.YAMLError`."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+
+
+def describe(exc: yaml.YAMLError) -> str:
+    """' at line L, column C: problem' (or ': problem' where the line is not known) for a YAML error, to
+    follow the file's name in a one-line message."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["unreadable"])[0]
+    return f"{where}: {problem}"
