@@ -157,14 +157,20 @@ def pairs(exp: Path) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def variance(exp: Path, gap: str | None = None) -> str:
-    """The share of the gap's variance each axis explains (scripts/gap_variance.py); the study's gap unless
-    `gap` is given."""
+def _gap_variance():
+    """scripts/gap_variance.py as a module (a script beside this one, not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gap_variance", Path(__file__).with_name("gap_variance.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def variance(exp: Path, gap: str | None = None) -> str:
+    """The share of the gap's variance each axis explains (scripts/gap_variance.py); the study's gap unless
+    `gap` is given."""
+    module = _gap_variance()
     gap = gap or module.study_gap(exp)
     n, rows = module.shares(exp, gap)
     what = {"acc": "accuracy gap", "loss": "loss gap (test − train cross-entropy)"}[gap]
@@ -406,6 +412,10 @@ def _declared_node_invariant(key: str) -> str:
     return "yes" if "node" in spec.invariant_to else "no"
 
 
+def _study_gap(exp: Path) -> str:
+    return _gap_variance().study_gap(exp)
+
+
 def summary(cpu: Path) -> str:
     """One row per measure, one column per study: τ with the gap (bold where the measure is in the study's
     best group: best or indistinguishable from it), whether the measure is declared node-invariant, and the
@@ -435,10 +445,14 @@ def summary(cpu: Path) -> str:
                 d = float(r[column])
                 if math.isfinite(d):
                     shift[r["measure"]] = max(shift.get(r["measure"], 0.0), abs(d))
-    header = "| measure | " + " | ".join(f"`{e.name}`" for e in studies) + \
+    gaps = {e.name: _study_gap(e) for e in studies}
+    header = "| measure | " + " | ".join(f"`{e.name}`" + (" (loss gap)" if gaps[e.name] == "loss" else "")
+                                         for e in studies) + \
         " | mean τ | declared node-invariant | largest \\|Δτ\\| under node rescaling |"
     lines = [header, "| --- | " + " | ".join("---:" for _ in studies) + " | ---: | --- | ---: |"]
-    for m in sorted(means, key=lambda k: -sum(means[k]) / len(means[k])):
+    refs = [m for m in means if m.startswith("ref.")]  # the floor and ceiling rows go last
+    ranked = sorted((m for m in means if m not in refs), key=lambda k: -sum(means[k]) / len(means[k]))
+    for m in ranked + sorted(refs):
         cells = [taus[m].get(e.name, "n/a") for e in studies]
         mean = sum(means[m]) / len(means[m])
         inv = ("yes" if declared[m] else "no") if m in declared else _declared_node_invariant(m)

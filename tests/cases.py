@@ -173,3 +173,21 @@ class _CustomGelu(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(nn.functional.gelu(self.a(x)))
+
+
+def dense_hessian(net: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Any) -> torch.Tensor:
+    """The brute-force reference of every exact curvature test: ∇²_θ L of the mean loss by
+    `torch.func.hessian` over the flat parameter vector (float64 nets: exact to rounding)."""
+    from torch.func import functional_call, hessian
+
+    params = {k: p.detach() for k, p in net.named_parameters()}
+    buffers = dict(net.named_buffers())
+
+    def f(flat: torch.Tensor) -> torch.Tensor:
+        d, offset = {}, 0
+        for k, p in params.items():
+            d[k] = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return loss(functional_call(net, (d, buffers), (x,)), y)
+
+    return hessian(f)(torch.cat([p.reshape(-1) for p in params.values()]))

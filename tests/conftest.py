@@ -86,3 +86,35 @@ def require_full_data(env_var: str, probe: str) -> Path:
             pytest.fail(f"full-dataset test cannot read its data on CI: {problem}")
         pytest.skip(f"full dataset not available: {problem}")
     return Path(root)
+
+
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """`flatbench ARGS` through the CLI's own entry point (`flatbench.cli.main`, what the console script
+    calls) in this process: the same parsing, checks and error lines as a subprocess, without the seconds
+    of a fresh interpreter importing torch."""
+    import contextlib
+    import io
+
+    from flatbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(["flatbench", *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def own_registry():
+    """The registry as it was before the test (measures registered or plugins loaded in the test are
+    removed after it)."""
+    from flatbench.measures import all_measures, registry
+
+    all_measures()
+    saved = dict(registry._REGISTRY)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY, run_cli
+from conftest import TINY, in_process, run_cli
 from flatbench.config import parse_study
 
 RUN_IDS = sorted(parse_study(TINY).run_ids())
@@ -318,23 +318,6 @@ def test_ctrl_c_marks_the_run_interrupted_and_says_so(write_config, tmp_path):
 # ---------------------------------------------------------------- issue 21: every reader, every value, every name
 
 
-def in_process(*args: str) -> subprocess.CompletedProcess:
-    """`flatbench ARGS` through the CLI's own entry point (`flatbench.cli.main`, what the console script
-    calls) in this process: the same parsing, checks and error lines as a subprocess, without the seconds
-    of a fresh interpreter importing torch. Each class of issue 21 also has a case run as a subprocess."""
-    import contextlib
-    import io
-
-    from flatbench.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return subprocess.CompletedProcess(["flatbench", *args], code, out.getvalue(), err.getvalue())
 
 
 def _status(exp: Path) -> dict:

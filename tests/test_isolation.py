@@ -21,7 +21,7 @@ import torch
 import yaml
 from torch import nn
 
-from conftest import TINY
+from conftest import TINY, in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -207,21 +207,6 @@ def test_a_finished_run_whose_model_is_missing_is_damage(exp):
 
 # ---------------------------------------------------------------- in-process: the CLI's own entry point
 
-def in_process(*args: str) -> subprocess.CompletedProcess:
-    """`flatbench ARGS` through `flatbench.cli.main` in this process (fast; same checks as a subprocess)."""
-    import contextlib
-    import io
-
-    from flatbench.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return subprocess.CompletedProcess(["flatbench", *args], code, out.getvalue(), err.getvalue())
 
 
 def one_line(result: subprocess.CompletedProcess, *parts: str) -> str:
@@ -272,16 +257,6 @@ def test_measure_model_exits_1_when_an_entry_failed(trained, tmp_path):
 
 # ---------------------------------------------------------------- the API, in-process
 
-@pytest.fixture
-def own_registry():
-    """The registry as it was before the test (measures registered in the test are removed after it)."""
-    from flatbench.measures import all_measures, registry
-
-    all_measures()
-    saved = dict(registry._REGISTRY)
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved)
 
 
 def _bn_dropout_model() -> nn.Module:

@@ -12,7 +12,7 @@ from functools import lru_cache
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
+
 
 from flatbench.curvature import (DiagonalResult, HessianOperator, exact_applicable, hessian_diagonal, hvp,
                                  per_layer_traces)
@@ -23,7 +23,7 @@ from flatbench.measures.registry import get_measure
 from flatbench.measures.runner import compute_entry
 
 from cases import TINY_CLASSES as C
-from cases import tiny_network
+from cases import dense_hessian, tiny_network
 
 N = 20
 
@@ -37,22 +37,7 @@ def _case(name: str, loss_name: str, labels: str) -> tuple[nn.Module, Tensor, Te
     with torch.no_grad():
         clean = net(x).argmax(1)
     y = clean if labels == "clean" else torch.randint(0, C, (N,), generator=gen)
-    return net, x, y, _full_hessian(net, x, y, get_loss(loss_name))
-
-
-def _full_hessian(net: nn.Module, x: Tensor, y: Tensor, loss) -> Tensor:
-    params = {k: p.detach() for k, p in net.named_parameters()}
-    buffers = dict(net.named_buffers())
-
-    def f(flat: Tensor) -> Tensor:
-        d, offset = {}, 0
-        for k, p in params.items():
-            d[k] = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        return loss(functional_call(net, (d, buffers), (x,)), y)
-
-    flat = torch.cat([p.reshape(-1) for p in params.values()])
-    return torch.autograd.functional.hessian(f, flat, vectorize=True)
+    return net, x, y, dense_hessian(net, x, y, get_loss(loss_name))
 
 
 def _flat(result: dict[str, Tensor], net: nn.Module) -> Tensor:
@@ -104,7 +89,7 @@ def backward_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("labels", ["clean", "random"])
 @pytest.mark.parametrize("loss_name", ["ce", "normalized_ce"])
 @pytest.mark.parametrize("name", ["mlp", "mlp_bn", "lenet", "resnet"])
-def test_exact_diagonal_matches_full_hessian(name: str, loss_name: str, labels: str, backward_mode: str
+def test_exact_diagonal_matchesdense_hessian(name: str, loss_name: str, labels: str, backward_mode: str
                                              ) -> None:
     net, x, y, hess = _case(name, loss_name, labels)
     assert exact_applicable(net)[0]
@@ -204,7 +189,7 @@ def test_hutchinson_diagonal_is_unbiased_on_a_smooth_net() -> None:
     torch.manual_seed(0)
     x = torch.randn(N, 6, dtype=torch.float64)
     y = torch.randint(0, C, (N,))
-    hess = _full_hessian(net, x, y, get_loss("ce"))
+    hess = dense_hessian(net, x, y, get_loss("ce"))
     result = hessian_diagonal(net, x, y, get_loss("ce"), hutchinson_probes=200, method="hutchinson",
                               generator=torch.Generator().manual_seed(3))
     assert abs(result.trace() - float(hess.trace())) < 3 * result.total_trace_stderr
@@ -237,7 +222,7 @@ def test_flatbench_models_are_recognized() -> None:
 
 @pytest.mark.parametrize("mode", ["rev_fwd", "fwd_rev", "double_backward"])
 @pytest.mark.parametrize("name", ["mlp_bn", "resnet"])
-def test_hvp_matches_full_hessian(name: str, mode: str) -> None:
+def test_hvp_matchesdense_hessian(name: str, mode: str) -> None:
     net, x, y, hess = _case(name, "normalized_ce", "random")
     v = torch.randn(hess.shape[0], generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     hv = hvp(net, x, y, get_loss("normalized_ce"), v, chunk_size=6, mode=mode)
@@ -249,7 +234,7 @@ def test_hvp_matches_full_hessian(name: str, mode: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["mlp_bn", "resnet", "conv_variants"])
-def test_hessian_operator_is_the_full_hessian(name: str) -> None:
+def test_hessian_operator_is_thedense_hessian(name: str) -> None:
     """HessianOperator answers every question from the same matrix: H @ v (flat and dict), its flat
     float64 matvec, its size, its diagonal (exact here) and its top eigenvalues all equal the full
     Hessian's, whatever the chunking."""
@@ -301,7 +286,7 @@ def test_measures_through_the_registry() -> None:
     net, x, y, _ = _case("mlp_bn", "ce", "random")
     ctx = MeasureContext(model=net, inputs=x, targets=y, num_classes=C, chunk_size=7)
     for loss_name in ("ce", "normalized_ce"):
-        hess = _full_hessian(net, x, y, get_loss(loss_name))
+        hess = dense_hessian(net, x, y, get_loss(loss_name))
         suffix = "" if loss_name == "ce" else "@normalized_ce"
         spec = get_measure("hessian_trace")
         entry = compute_entry(ctx, spec, dict(spec.defaults), loss_name)

@@ -18,7 +18,7 @@ from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import get_measure
 from flatbench.measures.runner import compute_entry
 
-from test_smooth_diagonal import dense_hessian
+from cases import dense_hessian
 
 RUNS = 12
 EDGES = [-math.inf, -1e-3, 1e-3, 1e-2, 5e-2, math.inf]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, hessian
+
 
 from flatbench.curvature import hessian_diagonal, smooth_chain
 from flatbench.curvature import smooth as smooth_module
@@ -19,25 +19,12 @@ from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import get_measure
 from flatbench.measures.runner import compute_entry
 
+from cases import dense_hessian
+
 N, C = 24, 4
 TOL = 1e-10
 ACTIVATIONS = {"tanh": nn.Tanh, "gelu": nn.GELU, "silu": nn.SiLU, "softplus": nn.Softplus,
                "sigmoid": nn.Sigmoid}
-
-
-def dense_hessian(net: nn.Module, x: Tensor, y: Tensor, loss) -> Tensor:
-    """∇²_θ L of the mean loss by `torch.func.hessian` over the flat parameter vector."""
-    params = {k: p.detach() for k, p in net.named_parameters()}
-    buffers = dict(net.named_buffers())
-
-    def f(flat: Tensor) -> Tensor:
-        d, offset = {}, 0
-        for k, p in params.items():
-            d[k] = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        return loss(functional_call(net, (d, buffers), (x,)), y)
-
-    return hessian(f)(torch.cat([p.reshape(-1) for p in params.values()]))
 
 
 def flat(diag: dict[str, Tensor], net: nn.Module) -> Tensor:

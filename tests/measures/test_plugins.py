@@ -33,16 +33,6 @@ def _plugin(folder: Path, name: str, code: str) -> Path:
     return path
 
 
-@pytest.fixture
-def own_registry():
-    """The registry as it was before the test (plugins loaded in this process are removed after it)."""
-    from flatbench.measures import all_measures, registry
-
-    all_measures()
-    saved = dict(registry._REGISTRY)
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved)
 
 
 def test_a_plugin_runs_through_a_study_the_report_the_audit_and_check_measure(tmp_path, write_config):
