@@ -377,7 +377,10 @@ def test_cifar_reader_refuses_code_in_pickles(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name,where", [("mnist", "MNIST/raw"), ("fashion_mnist", "FashionMNIST/raw"),
                                         ("cifar10", "cifar-10-batches-py")])
-def test_missing_dataset_offline_is_one_clear_line(tmp_path: Path, name: str, where: str) -> None:
+def test_missing_dataset_offline_is_one_clear_line(tmp_path: Path, name: str, where: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Debian's dataset-fashion-mnist package may be installed on this machine: make it absent here
+    monkeypatch.setattr(D, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-package")
     with pytest.raises(DataError) as err:
         D.load_dataset(DataConfig(dataset=name, root=str(tmp_path), download=False), seed=0)
     message = str(err.value)

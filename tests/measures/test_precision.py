@@ -24,8 +24,8 @@ POPULATION = ("mlp", "mlp_nobias", "mlp_bn", "lenet", "wrn")
 
 def test_the_estimates_are_the_float32_measures_and_nothing_exact_is():
     assert set(FLOAT32) == {"adaptive_sharpness_avg", "adaptive_sharpness_l2", "adaptive_sharpness_linf",
-                            "eps_sharpness", "hessian_max_eig", "pacbayes_flatness", "pacbayes_mag_flatness",
-                            "scale_invariant_rangamani"}
+                            "eps_sharpness", "hessian_density", "hessian_max_eig", "pacbayes_flatness",
+                            "pacbayes_mag_flatness", "scale_invariant_rangamani"}
     assert not any(all_measures()[name].exact for name in FLOAT32)
     assert entry_dtype("auto", get_measure("hessian_trace")) == "float64"
     assert entry_dtype("auto", get_measure("pacbayes_flatness")) == "float32"
