@@ -6,7 +6,8 @@ beyond replicate noise, at random-label ratio 0?
 A one-factor-at-a-time design around a centre configuration: for every candidate axis, each of its levels
 with every other axis at the centre, `--replicates` independent replicates each (replicate k: run seed k,
 data draw k). Every run is trained by flatbench's own train stage (the study's training settings: Adam, train
-loss target, vectorized replicates). For each axis it prints the mean gap per level, the replicate
+loss target, 2 worker processes). For each axis, for the accuracy gap and the loss gap, it prints the mean
+gap per level, the replicate
 standard deviation within levels (pooled), the one-way F test of "the levels differ" with the draw as a
 block, and the spread of the level means in units of the replicate noise of one run.
 
@@ -131,7 +132,6 @@ def main() -> None:
     ap.add_argument("--axes", default="depth,lr,batch_size,weight_decay,augment",
                     help=f"comma-separated candidate axes, of: {', '.join(CANDIDATES)}")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(args.out)
     raw = base_config(args.dataset, args.n_train, args.replicates, args.target, args.epochs)
     centre = {**CENTRE, **json.loads(args.centre)}
