@@ -342,13 +342,15 @@ def list_measures(plugins: tuple[str, ...]) -> None:
 @cli.command("describe")
 @click.argument("name")
 @PLUGIN
-def describe(name: str, plugins: tuple[str, ...]) -> None:
+@click.option("--markdown", is_flag=True, help="Print the documentation site's page of NAME (Markdown).")
+def describe(name: str, plugins: tuple[str, ...], markdown: bool) -> None:
     """NAME's definition, invariances, cost, every setting with its default (and meaning where registered)
     and an example (from the registry: a --plugin measure too)."""
     from flatbench.measures.describe import describe_measure  # lazy: `flatbench --help` must not import torch
+    from flatbench.measures.reference_page import measure_page
 
     _load_plugins(plugins)
-    click.echo(describe_measure(name), nl=False)
+    click.echo((measure_page if markdown else describe_measure)(name), nl=False)
 
 
 @cli.command("check-measure")
