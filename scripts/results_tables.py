@@ -1,9 +1,9 @@
-"""Print the tables of results/README.md from a committed study's files (so the README's numbers are copied,
+"""Print the tables of the results pages (docs/results/*.md) from a committed study's files (so the README's numbers are copied,
 never typed).
 
     python scripts/results_tables.py results/cpu/tsuzuku_mnist            # ranking, by level, audit
     python scripts/results_tables.py results/cpu/tsuzuku_mnist --only ranking
-    python scripts/results_tables.py --update results/README.md     # refill every marked table in place
+    python scripts/results_tables.py --update docs/results/*.md     # refill every marked table in place
 
 In `--update` mode every block between `<!-- table: STUDY SECTION -->` and `<!-- end -->` in the file is
 replaced by that section of results/cpu/STUDY, so the README's tables are regenerated, never edited by hand.
@@ -137,7 +137,7 @@ PAIRS = [
      "solvers)"),
     ("psi_flatness", "hessian_trace", "Yi et al.'s invariant trace against the plain one"),
 ]
-"""The paired comparisons the prose of results/README.md cites (A − B), with the pairing each one uses."""
+"""The paired comparisons the prose of the results pages cites (A − B), with the pairing each one uses."""
 
 
 def pairs(exp: Path) -> str:
@@ -468,11 +468,14 @@ SECTIONS = {"walltime": walltime, "endpoint": endpoint, "variance": variance, "r
             "levels_by_model": levels_by_model, "solvers": solvers, "audit": audit}
 
 
-def update(path: Path) -> None:
-    """Refill every `<!-- table: STUDY SECTION -->` ... `<!-- end -->` block of a markdown file."""
-    import re
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+"""The committed studies are in RESULTS / "cpu" / STUDY, wherever the page that shows them lies."""
 
-    root = path.parent
+
+def update(path: Path, root: Path = RESULTS) -> None:
+    """Refill every `<!-- table: STUDY SECTION -->` ... `<!-- end -->` block of a markdown file from the
+    committed studies under `root`/cpu."""
+    import re
 
     def fill(match: re.Match) -> str:
         study, section = match.group(1), match.group(2)
@@ -491,10 +494,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", nargs="?")
     p.add_argument("--only", default=None, choices=list(SECTIONS))
-    p.add_argument("--update", default=None, help="a markdown file whose marked tables to refill")
+    p.add_argument("--update", nargs="+", default=None, help="markdown files whose marked tables to refill")
     args = p.parse_args()
     if args.update:
-        update(Path(args.update))
+        for path in args.update:
+            update(Path(path))
         return
     exp = Path(args.experiment)
     for name, fn in SECTIONS.items():

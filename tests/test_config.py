@@ -165,10 +165,11 @@ def test_config_reference_lists_every_key():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     table = module.config_reference()
-    readme = (path.parents[1] / "README.md").read_text()
+    page = (path.parents[1] / "docs" / "guide" / "configs.md").read_text()
+    assert "<!-- generated: config-reference -->" in page  # the site's build puts the table there
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
-            assert f"`{section}.{f.name}`" in table and f"`{section}.{f.name}`" in readme, f"{section}.{f.name}"
+            assert f"`{section}.{f.name}`" in table, f"{section}.{f.name}"
     for key in ("data.random_label_ratio", "train.target_train_acc", "measure.settings", "report.gap"):
         assert f"`{key}`" in table
 

@@ -34,3 +34,24 @@ def on_files(files, config):
     for name in _names():
         files.append(File.generated(config, f"measures/{name}.md", content=measure_page(name)))
     return files
+
+
+def _tables_script():
+    """scripts/readme_tables.py (a script, not part of the package: tests/test_structure.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "readme_tables.py"
+    spec = importlib.util.spec_from_file_location("readme_tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def on_page_markdown(markdown, page, config, files):
+    """Fill in the generated tables: the config reference and the measure list."""
+    if "<!-- generated: " not in markdown:
+        return markdown
+    tables = _tables_script()
+    return (markdown.replace("<!-- generated: config-reference -->", tables.config_reference())
+            .replace("<!-- generated: measure-table -->", tables.measures_table(links=True)))
