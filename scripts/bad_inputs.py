@@ -1,6 +1,6 @@
 """Every bad input a user can give flatbench, tried through the real CLI: exit code, stderr lines, message.
 
-    python scripts/bad_inputs.py            # a markdown table (the README's "Bad input" section)
+    python scripts/bad_inputs.py            # a markdown table (docs/guide/bad-input.md)
 
 It trains one tiny study (mnist_mini, 3 runs, a few seconds) in a temporary folder, then runs each case on
 a fresh copy of it, and checks that nothing finished was lost (the run folders' models and the report are

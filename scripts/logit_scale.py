@@ -4,7 +4,7 @@
 
 For every run: the median over the training set (the labels it was trained on) of the centered logit
 norm ‖f − mean(f)‖ and of the margin (true-class logit minus the largest other one), then Kendall's τ of
-each with the accuracy gap. results/README.md uses it to show that runs stopped at the same train loss
+each with the accuracy gap. docs/results/ uses it to show that runs stopped at the same train loss
 still differ systematically in their logit scale, which every curvature measure of the plain
 cross-entropy sees and the `normalized_ce` versions do not. The committed results/cpu/ folders hold no
 weights: re-run the study first (scripts/run_cpu_studies.sh).

@@ -21,7 +21,7 @@
 # settings finished. A committed study has no weights: run it into an empty ROOT to reproduce it (its runs
 # are trained again; measures computed on other weights are recomputed, never reused).
 #
-# What the audits cover (results/README.md says why): the exact measures, that is the norms, the exact
+# What the audits cover (docs/results/index.md says why): the exact measures, that is the norms, the exact
 # curvature measures, the normalized and minimum sharpness solvers, relative flatness and the two PSI
 # measures (not applicable outside Yi et al.'s bias-free MLPs), for each loss of the study. The searches,
 # the Monte-Carlo estimates and the Lanczos eigenvalues would cost more than the rest of the study in an

@@ -97,8 +97,8 @@ class TrainConfig:
     """Stop early once the epoch's running train accuracy reaches this value."""
     target_train_loss: float | None = None
     """Stop once the cross-entropy on the whole training set (eval mode, the labels trained on) is at most
-    this, checked every `eval_every` epochs: every run of a study then ends at the same loss (see README,
-    Training endpoint)."""
+    this, checked every `eval_every` epochs: every run of a study then ends at the same loss (see
+    docs/guide/endpoint.md)."""
     snapshot_losses: tuple[float, ...] = ()
     """Keep a copy of the model the first time its whole-training-set loss is at most each of these levels
     (e.g. [0.1, 0.01, 0.001]); `measure` and `report` then give each measure's τ at every level."""

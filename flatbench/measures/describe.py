@@ -22,13 +22,13 @@ FAMILY_MEANING = {
 """One line per rescaling family (`flatbench.rescale`), for the invariance section."""
 
 
-def _value(value: Any) -> str:
+def config_value(value: Any) -> str:
     """A default as it is written in a config (YAML/JSON flow style)."""
     return json.dumps(value) if isinstance(value, str) else repr(value) if not isinstance(value, bool) \
         else str(value).lower()
 
 
-def _definition(spec: MeasureSpec) -> list[str]:
+def definition_lines(spec: MeasureSpec) -> list[str]:
     """The description and the function's docstring (its definition and how its settings act)."""
     doc = inspect.cleandoc(spec.fn.__doc__ or "").splitlines()
     if doc and doc[0].strip() == spec.description:  # the description defaulted to the first line
@@ -38,7 +38,7 @@ def _definition(spec: MeasureSpec) -> list[str]:
     return [spec.description] + ([""] + doc if doc else [])
 
 
-def _invariances(spec: MeasureSpec) -> list[str]:
+def invariance_lines(spec: MeasureSpec) -> list[str]:
     """Declared families with their meaning, or the statement that there are none."""
     if not spec.invariant_to:
         return ["none declared (scale-dependent: some function-preserving rescaling changes it)"]
@@ -46,7 +46,7 @@ def _invariances(spec: MeasureSpec) -> list[str]:
     return out + [f"checked by `flatbench check-measure {spec.base_name}`"]
 
 
-def _facts(spec: MeasureSpec) -> list[str]:
+def fact_lines(spec: MeasureSpec) -> list[str]:
     """Cost, loss, precision, kind of result, direction and origin."""
     kind = "stochastic (Monte-Carlo; standard error in info)" if spec.stochastic else \
         "exact (closed form or exact solver)" if spec.exact else "deterministic approximation (iterative)"
@@ -58,20 +58,20 @@ def _facts(spec: MeasureSpec) -> list[str]:
             f"origin: {'built-in' if spec.origin == 'builtin' else spec.origin}"]
 
 
-def _settings(spec: MeasureSpec) -> list[str]:
+def setting_lines(spec: MeasureSpec) -> list[str]:
     """Every setting: name, default, and its meaning and valid range where the registry knows them."""
     if not spec.defaults:
         return ["none"]
     width = max(len(k) for k in spec.defaults)
     out = []
     for key, default in spec.defaults.items():
-        fixed = f" (fixed to {_value(spec.preset[key])} by this variant)" if key in spec.preset else ""
+        fixed = f" (fixed to {config_value(spec.preset[key])} by this variant)" if key in spec.preset else ""
         help_text = spec.settings_help.get(key, "")
-        out.append(f"{key.ljust(width)}  default {_value(default)}{fixed}" + (f": {help_text}" if help_text else ""))
+        out.append(f"{key.ljust(width)}  default {config_value(default)}{fixed}" + (f": {help_text}" if help_text else ""))
     return out
 
 
-def _example(spec: MeasureSpec) -> list[str]:
+def example_lines(spec: MeasureSpec) -> list[str]:
     """How to ask for it, with one setting changed from its default: in a study config, on the command
     line, from Python (any setting listed above is given the same way; the rest keep their defaults)."""
     name, base = spec.name, spec.base_name
@@ -81,7 +81,7 @@ def _example(spec: MeasureSpec) -> list[str]:
         return lines + ["command line:", f"  flatbench measure EXPERIMENT 'measure.measures=[{name}]'", "Python:",
                         f"  flatbench.measure(model, (x, y), [{json.dumps(name)}])"]
     key, value = free[0]
-    flow = f"{{{base}: {{{key}: {_value(value)}}}}}"
+    flow = f"{{{base}: {{{key}: {config_value(value)}}}}}"
     py = f"{{{json.dumps(base)}: {{{json.dumps(key)}: {value!r}}}}}"
     return lines + [f"    settings: {flow}", "command line:",
                     f"  flatbench measure EXPERIMENT 'measure.measures=[{name}]' 'measure.settings={flow}'",
@@ -92,12 +92,12 @@ def describe_measure(name: str) -> str:
     """The `flatbench describe` page of the measure (or variant `name:variant`) `name`; an unknown name
     is the registry's one-line error."""
     spec = get_measure(name)
-    sections = [("", _definition(spec)), ("Invariant to", _invariances(spec)), ("Facts", _facts(spec)),
-                ("Settings (measure.settings." + spec.base_name + ")", _settings(spec))]
+    sections = [("", definition_lines(spec)), ("Invariant to", invariance_lines(spec)), ("Facts", fact_lines(spec)),
+                ("Settings (measure.settings." + spec.base_name + ")", setting_lines(spec))]
     if spec.variants:
-        sections.append(("Variants", [f"{spec.name}:{v}: " + ", ".join(f"{k}={_value(x)}" for k, x in preset.items())
+        sections.append(("Variants", [f"{spec.name}:{v}: " + ", ".join(f"{k}={config_value(x)}" for k, x in preset.items())
                                       for v, preset in spec.variants.items()]))
-    sections.append(("Example", _example(spec)))
+    sections.append(("Example", example_lines(spec)))
     out = [spec.name]
     for title, lines in sections:
         out += ([title] if title else []) + ["  " + line if line else "" for line in lines] + [""]

@@ -12,7 +12,7 @@ setting with its default and its meaning and valid range, the variants, an examp
 
 from __future__ import annotations
 
-from flatbench.measures.describe import _definition, _example, _facts, _invariances, _value
+from flatbench.measures.describe import config_value, definition_lines, example_lines, fact_lines, invariance_lines
 from flatbench.measures.registry import MeasureSpec, get_measure
 
 JIANG = "Jiang, Neyshabur, Mobahi, Krishnan, Bengio. Fantastic generalization measures and where to find them. ICLR 2020"
@@ -64,9 +64,9 @@ def _settings_table(spec: MeasureSpec) -> list[str]:
         return ["None."]
     rows = ["| setting | default | meaning and valid range |", "| --- | --- | --- |"]
     for key, default in spec.defaults.items():
-        fixed = f" (fixed to `{_value(spec.preset[key])}` by this variant)" if key in spec.preset else ""
+        fixed = f" (fixed to `{config_value(spec.preset[key])}` by this variant)" if key in spec.preset else ""
         meaning = spec.settings_help.get(key, "").replace("|", "\\|") or "(no description registered)"
-        rows.append(f"| `{key}` | `{_value(default)}`{fixed} | {meaning} |")
+        rows.append(f"| `{key}` | `{config_value(default)}`{fixed} | {meaning} |")
     return rows
 
 
@@ -80,17 +80,17 @@ def measure_page(name: str) -> str:
     """The Markdown page of measure `name` (a variant `name:variant` too): one section per part of
     `flatbench describe`, with the settings as a table and the papers."""
     spec = get_measure(name)
-    definition = _definition(spec)
+    definition = definition_lines(spec)
     out = [f"# `{spec.name}`", "", definition[0], ""]
     if len(definition) > 2:
         out += ["```text", *definition[2:], "```", ""]
-    out += ["## Invariant to", "", *[f"- {line}" for line in _invariances(spec)], ""]
-    out += ["## Facts", "", *[f"- {line}" for line in _facts(spec)], ""]
+    out += ["## Invariant to", "", *[f"- {line}" for line in invariance_lines(spec)], ""]
+    out += ["## Facts", "", *[f"- {line}" for line in fact_lines(spec)], ""]
     out += [f"## Settings (`measure.settings.{spec.base_name}`)", "", *_settings_table(spec), ""]
     if spec.variants:
         out += ["## Variants", ""]
-        out += [f"- `{spec.name}:{v}`: " + ", ".join(f"`{k}={_value(x)}`" for k, x in preset.items())
+        out += [f"- `{spec.name}:{v}`: " + ", ".join(f"`{k}={config_value(x)}`" for k, x in preset.items())
                 for v, preset in spec.variants.items()]
         out.append("")
-    out += ["## Example", "", "```text", *_example(spec), "```", "", "## Papers", "", *_papers(spec), ""]
+    out += ["## Example", "", "```text", *example_lines(spec), "```", "", "## Papers", "", *_papers(spec), ""]
     return "\n".join(out)

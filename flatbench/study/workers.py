@@ -4,7 +4,7 @@ Small models leave a device idle (a WRN-16-4 at batch 128 does not fill an H200;
 not keep two CPU cores busy), so `train.workers: N` / `measure.workers: N` train or measure up to N runs
 concurrently, each in its own process on the same device. Each job runs exactly the code a run runs alone
 (`train.train_run`, `measures.runner.measure_run`), so its files are the same as when trained alone (on the
-CPU bit for bit when the thread count is the same; see README "Scale" for CUDA).
+CPU bit for bit when the thread count is the same; see docs/guide/cluster.md for CUDA).
 
 Processes are started with `spawn` (a fork of a process holding torch's thread pools can deadlock). On the
 CPU each worker gets `torch.get_num_threads() // N` threads (at least one), so N workers share the cores
