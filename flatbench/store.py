@@ -331,19 +331,25 @@ def load_run_info(run_path: str | os.PathLike) -> dict:
     return info
 
 
-def run_json_problem(run_path: str | os.PathLike) -> str | None:
-    """Why a run folder's run.json cannot be used (unreadable or of the wrong shape), or None (also when
-    there is none). A run.json that is a folder, a link to /dev/null or empty is damage, never "not started"."""
+def run_info_or_problem(run_path: str | os.PathLike) -> tuple[dict | None, str | None]:
+    """A run folder's run.json read once: (its content, None), or (None, why it cannot be used: unreadable
+    or of the wrong shape), or (None, None) when there is none. A run.json that is a folder, a link to
+    /dev/null or empty is damage, never "not started"."""
     problem = file_problem(Path(run_path) / RUN_JSON)
     if problem:
-        return f"{Path(run_path) / RUN_JSON} is damaged ({problem}); move the run folder away or delete it to retrain"
+        return None, (f"{Path(run_path) / RUN_JSON} is damaged ({problem}); move the run folder away or delete "
+                      "it to retrain")
     if not (Path(run_path) / RUN_JSON).is_file():
-        return None
+        return None, None
     try:
-        load_run_info(run_path)
+        return load_run_info(run_path), None
     except FlatbenchError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
+
+
+def run_json_problem(run_path: str | os.PathLike) -> str | None:
+    """Why a run folder's run.json cannot be used, or None (also when there is none): `run_info_or_problem`."""
+    return run_info_or_problem(run_path)[1]
 
 
 def is_finished(run_path: str | os.PathLike) -> bool:
@@ -380,17 +386,20 @@ def file_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def missing_model(run_path: str | os.PathLike) -> str | None:
+def missing_model(run_path: str | os.PathLike, info: dict | None = None) -> str | None:
     """Why a run that says it finished cannot be: its model.pt is gone (deleted or moved). That is damage,
-    not a run still to train; None for any other run."""
+    not a run still to train; None for any other run. `info`: its run.json when the caller has read it."""
     path = Path(run_path)
-    if (path / MODEL_FILE).exists() or not (path / RUN_JSON).is_file():
+    if (path / MODEL_FILE).exists():
         return None
-    try:
-        finished = load_run_info(path).get("status") == "finished"
-    except FlatbenchError:
-        return None
-    if not finished:
+    if info is None:
+        if not (path / RUN_JSON).is_file():
+            return None
+        try:
+            info = load_run_info(path)
+        except FlatbenchError:
+            return None
+    if info.get("status") != "finished":
         return None
     return (f"{path / MODEL_FILE} is missing although the run finished (deleted or moved?); restore it, or "
             "move the run folder away to retrain it")

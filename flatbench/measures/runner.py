@@ -106,6 +106,9 @@ class Target:
     """Where its model.pt and measures.json are (the run folder for the final model)."""
     sha256: str | None = None
     """A snapshot's recorded model hash (the final model's is in run.json)."""
+    info: dict | None = field(default=None, compare=False, repr=False)
+    """The run's run.json as the stage's plan read it (None: read it when needed), so that a stage reads
+    each run.json once."""
 
     @property
     def where(self) -> Path:
@@ -124,17 +127,20 @@ class Target:
         return self.run_path.name + ("" if self.level is None else f"@loss{self.level:g}")
 
 
-def measure_targets(run_path: Path, snapshots: bool = True) -> list[Target]:
-    """A finished run's final model and, with `snapshots`, the models it kept at its loss levels."""
+def measure_targets(run_path: Path, snapshots: bool = True, info: dict | None = None) -> list[Target]:
+    """A finished run's final model and, with `snapshots`, the models it kept at its loss levels. `info`:
+    its run.json when the caller has read it (it travels with the targets)."""
     run_path = Path(run_path)
-    targets = [Target(run_path)]
-    if snapshots:
+    if info is None:
         try:
             info = load_run_info(run_path)
         except FlatbenchError:
-            return targets
+            return [Target(run_path)]
+    targets = [Target(run_path, info=info)]
+    if snapshots:
         for snap in info.get("snapshots") or []:
-            targets.append(Target(run_path, float(snap["level"]), run_path / snap["path"], snap.get("model_sha256")))
+            targets.append(Target(run_path, float(snap["level"]), run_path / snap["path"], snap.get("model_sha256"),
+                                  info=info))
     return targets
 
 
@@ -175,7 +181,7 @@ def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
 def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
     """Load a finished run's model (final or snapshot, its hash checked) and its measurement set."""
     target = _as_target(target)
-    info = load_run_info(target.run_path)
+    info = target.info if target.info is not None else load_run_info(target.run_path)
     run_cfg: RunConfig = run_config_from_dict(info["config"])
     if run_cfg.run_id() != target.run_path.name:
         raise FlatbenchError(f"{target.run_path / 'run.json'} describes run {run_cfg.run_id()}, not "
@@ -284,6 +290,9 @@ def model_hash(target: Target | Path) -> str | None:
     target = _as_target(target)
     if target.level is not None:
         return target.sha256
+    if target.info is not None:
+        value = target.info.get("model_sha256")
+        return value if isinstance(value, str) else None
     if not (target.run_path / RUN_JSON).is_file():
         return None
     try:
@@ -305,27 +314,92 @@ def _up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, A
     return stored == settings and record.get("context") == context
 
 
+@dataclass(frozen=True)
+class PlannedMeasure:
+    """One measure of a stage's plan, resolved once per stage (not per model): its spec, the settings and
+    the measurement context its entries record, and its entry keys (one per loss of a loss-based measure)."""
+
+    spec: MeasureSpec
+    settings: dict[str, Any]
+    context: dict[str, Any]
+    keys: tuple[tuple[str | None, str], ...]
+
+
+def plan_measures(names: list[str], cfg: MeasureConfig) -> tuple[PlannedMeasure, ...]:
+    """The measures `names` (resolved names, `registry.resolve_names`) as the plan of a stage: the registry
+    is asked once per name here, and never again while the models are measured."""
+    load_plugins(cfg.plugins)
+    planned = []
+    for name in names:
+        spec = get_measure(name)
+        planned.append(PlannedMeasure(spec, spec.settings(cfg.settings), measurement_context(cfg, spec),
+                                      tuple(entry_keys(name, spec, cfg.losses))))
+    return tuple(planned)
+
+
+def todo_entries(results: dict[str, Any], measures: tuple[PlannedMeasure, ...], force: bool, sha: str | None
+                 ) -> list[tuple[MeasureSpec, str | None, str]]:
+    """The (spec, loss, key) entries of `measures` that `results` (a target's measures.json) lacks or holds
+    for other settings, another measurement set, another model file or another plugin source."""
+    return [(m.spec, loss, key) for m in measures for loss, key in m.keys
+            if force or not _up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)]
+
+
 def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig, force: bool = False, *,
                     results: dict[str, Any] | None = None
                     ) -> tuple[dict[str, Any], list[tuple[MeasureSpec, str | None, str]]]:
-    """A target's measures.json content and the (spec, loss, key) entries still to compute.
-
-    `names` are resolved measure names (`registry.resolve_names`, done once per study, not per target);
-    `results`: the target's entries when the caller has just read them (measures.json is then not read
-    again)."""
-    load_plugins(cfg.plugins)
+    """A target's measures.json content and the (spec, loss, key) entries still to compute (one target on
+    its own; a stage plans every target at once: `plan_target`). `results`: the target's entries when the
+    caller has just read them (measures.json is then not read again)."""
     if results is None:
         results, _ = read_entries(target)
+    return results, todo_entries(results, plan_measures(names, cfg), force, model_hash(target))
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """What tells whether a file changed since it was read: its modification time and size."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+@dataclass
+class TargetPlan:
+    """One model's part of a stage's plan: its measures.json as read when the stage planned, and the
+    entries still to compute. Computing it (under the folder's lock) re-reads the file only if another
+    process wrote it since (`current`)."""
+
+    target: Target
+    measures: tuple[PlannedMeasure, ...]
+    force: bool
+    results: dict[str, Any]
+    damaged: str | None
+    """Why measures.json was damaged (its readable entries are `results`), or None."""
+    unusable: str | None
+    """Why measures.json is no file at all (a folder, a link to /dev/null): never overwritten."""
+    sha: str | None
+    todo: list[tuple[MeasureSpec, str | None, str]]
+    stamp: tuple[int, int] | None
+
+    def current(self) -> TargetPlan:
+        """This plan, or a new one of the same target when its measures.json changed since it was read."""
+        if _stamp(self.target.measures_file) == self.stamp:
+            return self
+        return plan_target(self.target, self.measures, self.force)
+
+
+def plan_target(target: Target | Path, measures: tuple[PlannedMeasure, ...], force: bool = False) -> TargetPlan:
+    """Read a target's measures.json once and list what is still to compute."""
+    target = _as_target(target)
+    path = target.measures_file
+    stamp = _stamp(path)
+    unusable = not_a_file(path)
+    results, damaged = ({}, None) if unusable else read_entries(target)
     sha = model_hash(target)
-    todo = []
-    for name in names:
-        spec = get_measure(name)
-        settings = spec.settings(cfg.settings)
-        context = measurement_context(cfg, spec)
-        for loss, key in entry_keys(name, spec, cfg.losses):
-            if force or not _up_to_date(results.get(key, {}), spec, settings, context, sha):
-                todo.append((spec, loss, key))
-    return results, todo
+    return TargetPlan(target, measures, force, results, damaged, unusable, sha,
+                      todo_entries(results, measures, force, sha), stamp)
 
 
 @dataclass
@@ -355,54 +429,57 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
                 force: bool = False, echo: Callable[[str], None] | None = None,
                 ctx: MeasureContext | None = None, on_entry: Callable[[str, str], None] | None = None
                 ) -> MeasureReport:
-    """Compute the missing measures of one finished run's model (final or snapshot).
+    """Compute the missing measures of one finished run's model (final or snapshot) on its own: plan it
+    (`plan_target`) and compute the plan (`measure_planned`). A stage plans all its models first."""
+    target = _as_target(target)
+    if not is_finished(target.run_path):
+        raise FlatbenchError(f"run {target.run_path.name} has not finished training; run `flatbench train` first")
+    return measure_planned(plan_target(target, plan_measures(names, cfg), force), cfg, device, echo=echo, ctx=ctx,
+                           on_entry=on_entry)
+
+
+def measure_planned(plan: TargetPlan, cfg: MeasureConfig, device: torch.device,
+                    echo: Callable[[str], None] | None = None, ctx: MeasureContext | None = None,
+                    on_entry: Callable[[str, str], None] | None = None) -> MeasureReport:
+    """Compute one model's pending entries and store each in its measures.json as soon as it is computed.
+    The caller holds the folder's lock; `plan` is re-read only if another process wrote the file since.
 
     `ctx`: an already built context of this target (e.g. with group-computed quantities in its cache).
     `on_entry(label, key)` is called after each entry (a progress bar).
     """
-    target = _as_target(target)
-    if not is_finished(target.run_path):
-        raise FlatbenchError(f"run {target.run_path.name} has not finished training; run `flatbench train` first")
-    report = MeasureReport(entries=0, errors=0)
-    path = target.measures_file
-    if not_a_file(path):  # a folder or a link to /dev/null: named, never overwritten, the other runs go on
-        report.failure = f"{path} is damaged ({not_a_file(path)}); remove it and run `flatbench measure` again"
-        report.errors = len(pending_entries(target, names, cfg, force, results={})[1])
+    plan = plan.current()
+    target, path = plan.target, plan.target.measures_file
+    report = MeasureReport(entries=len(plan.results), errors=0)
+    if plan.unusable:  # a folder or a link to /dev/null: named, never overwritten, the other runs go on
+        report.failure = f"{path} is damaged ({plan.unusable}); remove it and run `flatbench measure` again"
+        report.errors = len(plan.todo)
         return report
-    results, damaged = read_entries(target)
-    report.entries = len(results)
-    if damaged:
+    results = plan.results
+    if plan.damaged:
         report.damaged = str(path)
         shutil.copyfile(path, path.with_name(path.name + ".damaged"))
         atomic_write_json(path, results)
         if echo:
-            echo(f"warning: {path} was damaged ({damaged}); kept its {len(results)} readable entries (the damaged "
-                 f"file is kept as {path.name}.damaged) and recomputing the rest")
-    results, todo = pending_entries(target, names, cfg, force, results=results)
-    if not todo:
+            echo(f"warning: {path} was damaged ({plan.damaged}); kept its {len(results)} readable entries (the "
+                 f"damaged file is kept as {path.name}.damaged) and recomputing the rest")
+    if not plan.todo:
         return report
-    sha = model_hash(target)
     if ctx is None:
         try:
             ctx = build_context(target, cfg, device)
         except FlatbenchError as exc:
-            report.failure = str(exc)
-            for spec, loss, key in todo:
-                report.errors += 1
-                if results.get(key, {}).get("status") in DONE:
-                    continue  # a value computed before the model was damaged is kept, not replaced by an error
-                results[key] = {"status": "error", "error": f"the model could not be loaded: {exc}",
-                                "settings": spec.settings(cfg.settings), "larger_is_sharper": spec.larger_is_sharper,
-                                "context": measurement_context(cfg, spec), "seconds": 0.0}
+            _record_unloadable(plan, exc, report)
             atomic_write_json(path, results)
             if echo:
                 echo(f"  {target.label}: cannot be measured: {exc}")
             return report
-    for spec, loss, key in todo:
-        record = compute_entry(context_in(ctx, entry_dtype(cfg.dtype, spec)), spec, spec.settings(cfg.settings), loss,
+    settings = {m.spec.name: m for m in plan.measures}
+    for spec, loss, key in plan.todo:
+        planned = settings[spec.name]
+        record = compute_entry(context_in(ctx, entry_dtype(cfg.dtype, spec)), spec, planned.settings, loss,
                                cfg.timeout_s)
-        record["context"] = measurement_context(cfg, spec)
-        record["model_sha256"] = sha
+        record["context"] = planned.context
+        record["model_sha256"] = plan.sha
         results[key] = record
         atomic_write_json(path, results)
         if record["status"] in FAILED:
@@ -414,6 +491,20 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
             echo(_entry_line(target.label, key, record))
     report.entries = len(results)
     return report
+
+
+def _record_unloadable(plan: TargetPlan, exc: FlatbenchError, report: MeasureReport) -> None:
+    """A model that cannot be loaded: its error in every pending entry (a value computed before the model
+    was damaged is kept, not replaced by an error)."""
+    report.failure = str(exc)
+    planned = {m.spec.name: m for m in plan.measures}
+    for spec, _, key in plan.todo:
+        report.errors += 1
+        if plan.results.get(key, {}).get("status") in DONE:
+            continue
+        plan.results[key] = {"status": "error", "error": f"the model could not be loaded: {exc}",
+                             "settings": planned[spec.name].settings, "larger_is_sharper": spec.larger_is_sharper,
+                             "context": planned[spec.name].context, "seconds": 0.0}
 
 
 def entry_reason(record: dict[str, Any]) -> str:

@@ -19,30 +19,25 @@ from tqdm.auto import tqdm
 
 from flatbench.config import Study
 from flatbench.errors import Echo, FlatbenchError
-from flatbench.measures.runner import build_context, measure_run, measure_targets, pending_entries
+from flatbench.measures.registry import resolve_names
+from flatbench.measures.runner import (
+    Target,
+    TargetPlan,
+    build_context,
+    measure_planned,
+    measure_run,
+    measure_targets,
+    plan_measures,
+    plan_target,
+)
 from flatbench.measures.shared import prime_hessian_diagonals
-from flatbench.store import folder_lock, is_finished, missing_model, run_dir, run_json_problem
-from flatbench.study.spec import check_study, names_for, shard_runs, show_progress
+from flatbench.store import folder_lock, missing_model, run_dir, run_info_or_problem
+from flatbench.study.spec import check_study, shard_runs, show_progress
 from flatbench.study.workers import run_jobs
 
 
 GROUP_SIZE = 16
 """Runs whose Hessian diagonals are computed together (`measure.group_runs`)."""
-
-
-def grouped_contexts(targets: list, pending: dict, cfg: Any, device: torch.device) -> dict:
-    """Contexts of the targets that still need a curvature measure (`pending`: each target's entries to
-    compute), with the exact Hessian diagonals of same-architecture MLPs computed as groups
-    (`flatbench.measures.shared.prime_hessian_diagonals`); the others are measured as usual."""
-    contexts = {}
-    for target in targets:
-        if any(spec.cost == "hessian" for spec, _, _ in pending.get(target, [])):
-            try:
-                contexts[target] = build_context(target, cfg, device)
-            except FlatbenchError:
-                continue  # measured alone, where the error is recorded
-    prime_hessian_diagonals(list(contexts.values()), cfg.losses)
-    return contexts
 
 
 @dataclass
@@ -62,21 +57,51 @@ class MeasureCounts:
     """(model, entry key, reason) of every entry that failed (error or non_finite): the stage exits with 1."""
 
 
+@dataclass
+class MeasurePlan:
+    """The measure stage's plan, built once from the study (`plan_measure_stage`) and passed down: the
+    measures resolved once (for final models and for snapshots), every model to measure with its
+    measures.json as read once, and the runs that cannot be measured (in `counts`)."""
+
+    study: Study
+    names: list[str] | None
+    """The measures named on the command line (None: the study's)."""
+    force: bool
+    targets: list[TargetPlan]
+    counts: MeasureCounts
+
+
+def plan_measure_stage(study: Study, *, names: list[str] | None = None, force: bool = False,
+                       shard: tuple[int, int] | None = None, run_ids: list[str] | None = None,
+                       chosen: list[str] | None = None, quiet: bool = False, echo: Echo = print) -> MeasurePlan:
+    """Check the study (`check_study`: its plugins loaded and checked) unless the caller did (`chosen`: the
+    resolved names it returned), resolve the measures once, read each run.json and each measures.json once,
+    and list what is to compute. Damaged and untrained runs are counted, not planned."""
+    chosen = chosen if chosen is not None else check_study(study, names)
+    final = plan_measures(chosen, study.measure)
+    snapshot = final if names or study.measure.snapshot_measures is None else \
+        plan_measures(resolve_names(list(study.measure.snapshot_measures)), study.measure)
+    counts = MeasureCounts()
+    plans = [plan_target(target, final if target.level is None else snapshot, force)
+             for target in _targets(study, shard, run_ids, counts, quiet, echo)]
+    return MeasurePlan(study, names, force, plans, counts)
+
+
 def measure_study(study: Study, device: torch.device, *, names: list[str] | None = None, force: bool = False,
                   shard: tuple[int, int] | None = None, quiet: bool = False, echo: Echo = print,
                   run_ids: list[str] | None = None, chosen: list[str] | None = None) -> MeasureCounts:
     """Compute the configured (or given) measures on every finished run of the study (of the shard, or of
-    `run_ids`), and on the snapshots they kept when `measure.snapshots` is on.
+    `run_ids`), and on the snapshots they kept when `measure.snapshots` is on: plan once
+    (`plan_measure_stage`), then compute and store model by model.
 
     A run whose model cannot be used (corrupt, replaced, another config) gets its error recorded in every
     pending entry, and the pass goes on with the other runs; the caller exits non-zero at the end.
     `chosen`: the resolved measure names when the caller has already checked the study (`check_study`
     returns them), so it is not checked again.
     """
-    chosen = chosen if chosen is not None else check_study(study, names)
-    counts = MeasureCounts()
-    targets = _targets(study, shard, run_ids, counts, quiet, echo)
-    plan = {target: names_for(target, chosen, study, names) for target in targets}
+    plan = plan_measure_stage(study, names=names, force=force, shard=shard, run_ids=run_ids, chosen=chosen,
+                              quiet=quiet, echo=echo)
+    counts = plan.counts
 
     def count(target: Any, report: Any, seconds: float) -> None:
         counts.measured += 1
@@ -90,46 +115,43 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
             echo(f"{target.label}: {report.entries} measure entries ({seconds:.1f}s)"
                  + (f"; FAILED: {report.failure}" if report.failure else ""))
 
-    if study.measure.workers > 1 and len(targets) > 1:
-        _measure_in_workers(targets, plan, study, device, force, quiet, echo, count)
+    if study.measure.workers > 1 and len(plan.targets) > 1:
+        _measure_in_workers(plan, device, quiet, echo, count)
     else:
-        _measure_here(targets, plan, study, device, force, quiet, echo, count)
+        _measure_here(plan, device, quiet, echo, count)
     return counts
 
 
 def _targets(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | None, counts: MeasureCounts,
-             quiet: bool, echo: Echo) -> list:
-    """The models to measure (final and snapshots) of the finished runs; damaged and untrained runs are
-    counted in `counts` instead."""
+             quiet: bool, echo: Echo) -> list[Target]:
+    """The models to measure (final and snapshots) of the finished runs, each run.json read once; damaged
+    and untrained runs are counted in `counts` instead."""
     targets = []
     for rid, _ in shard_runs(study, shard):
         if run_ids is not None and rid not in run_ids:
             continue
         path = run_dir(study.exp_dir, rid)
-        problem = run_json_problem(path)
+        info, problem = run_info_or_problem(path)
+        problem = problem or (missing_model(path, info) if info is not None else None)
         if problem:
-            counts.failed_runs[rid] = problem  # damaged: recorded, and the other runs are measured
+            counts.failed_runs[rid] = problem  # damage, never "not trained yet": the other runs are measured
             if not quiet:
                 echo(f"  {rid}: cannot be measured: {problem}")
             continue
-        if not is_finished(path):
-            missing = missing_model(path)
-            if missing:
-                counts.failed_runs[rid] = missing  # damage, never "not trained yet"
-                if not quiet:
-                    echo(f"  {rid}: cannot be measured: {missing}")
-            else:
-                counts.not_trained += 1
+        if info is None or info.get("status") != "finished":
+            counts.not_trained += 1
             continue
-        targets.extend(measure_targets(path, snapshots=study.measure.snapshots))
+        targets.extend(measure_targets(path, snapshots=study.measure.snapshots, info=info))
     return targets
 
 
-def _measure_in_workers(targets: list, plan: dict, study: Study, device: torch.device, force: bool, quiet: bool,
-                        echo: Echo, count: Callable[[Any, Any, float], None]) -> None:
-    """`measure.workers` > 1: one job per model in a pool of worker processes on the device."""
+def _measure_in_workers(plan: MeasurePlan, device: torch.device, quiet: bool, echo: Echo,
+                        count: Callable[[Any, Any, float], None]) -> None:
+    """`measure.workers` > 1: one job per model in a pool of worker processes on the device (each worker
+    plans its one model again from the names: a plan holds the registry's functions, which do not travel)."""
+    cfg = plan.study.measure
     if not quiet:
-        echo(f"measuring {len(targets)} models in {min(study.measure.workers, len(targets))} worker "
+        echo(f"measuring {len(plan.targets)} models in {min(cfg.workers, len(plan.targets))} worker "
              f"processes on {device}")
 
     def collect(job: tuple, result: tuple) -> None:
@@ -138,52 +160,54 @@ def _measure_in_workers(targets: list, plan: dict, study: Study, device: torch.d
             echo(line)
         count(job[0], report, seconds)
 
-    run_jobs(_worker_measure, [(t, plan[t], study.measure, str(device), force, quiet) for t in targets],
-             study.measure.workers, device, collect)
+    jobs = [(p.target, [m.spec.name for m in p.measures], cfg, str(device), plan.force, quiet) for p in plan.targets]
+    run_jobs(_worker_measure, jobs, cfg.workers, device, collect)
 
 
-def _pending(plan: dict, cfg: Any, force: bool) -> dict:
-    """Each target's entries still to compute, read once for the progress bar and the grouped diagonals
-    (a model that cannot be read has none here: measuring it records its error)."""
-    out = {}
-    for target, names in plan.items():
-        try:
-            out[target] = pending_entries(target, names, cfg, force)[1]
-        except FlatbenchError:
-            out[target] = []
-    return out
+def grouped_contexts(plans: list[TargetPlan], cfg: Any, device: torch.device) -> dict:
+    """Contexts of the models that still need a curvature measure, with the exact Hessian diagonals of
+    same-architecture MLPs computed as groups (`flatbench.measures.shared.prime_hessian_diagonals`); the
+    others are measured as usual."""
+    contexts = {}
+    for plan in plans:
+        if any(spec.cost == "hessian" for spec, _, _ in plan.todo):
+            try:
+                contexts[plan.target] = build_context(plan.target, cfg, device)
+            except FlatbenchError:
+                continue  # measured alone, where the error is recorded
+    prime_hessian_diagonals(list(contexts.values()), cfg.losses)
+    return contexts
 
 
-def _measure_here(targets: list, plan: dict, study: Study, device: torch.device, force: bool, quiet: bool,
-                  echo: Echo, count: Callable[[Any, Any, float], None]) -> None:
+def _measure_here(plan: MeasurePlan, device: torch.device, quiet: bool, echo: Echo,
+                  count: Callable[[Any, Any, float], None]) -> None:
     """The models one after another in this process (grouped Hessian diagonals where asked), a model
     held by another process last, on what that process wrote."""
-    use_groups = study.measure.group_runs == "on" or (study.measure.group_runs == "auto" and device.type == "cuda")
-    pending = _pending(plan, study.measure, force) if use_groups or show_progress(quiet) else {}
-    bar = _MeasureBar(pending) if show_progress(quiet) else None
+    cfg = plan.study.measure
+    use_groups = cfg.group_runs == "on" or (cfg.group_runs == "auto" and device.type == "cuda")
+    bar = _MeasureBar(plan.targets) if show_progress(quiet) else None
     step = GROUP_SIZE if use_groups else 1
-    busy: list = []
+    busy: list[TargetPlan] = []
 
-    def measure_one(target: Any, ctx: Any, blocking: bool) -> bool:
-        with folder_lock(target.where, blocking=blocking) as held:
+    def measure_one(target_plan: TargetPlan, ctx: Any, blocking: bool) -> bool:
+        with folder_lock(target_plan.target.where, blocking=blocking) as held:
             if not held:
                 return False
             t0 = time.perf_counter()
-            report = measure_run(target, plan[target], study.measure, device, force=force,
-                                 echo=None if quiet else (bar.write if bar else echo),
-                                 ctx=ctx, on_entry=bar.advance if bar else None)
-            count(target, report, time.perf_counter() - t0)
+            report = measure_planned(target_plan, cfg, device, echo=None if quiet else (bar.write if bar else echo),
+                                     ctx=ctx, on_entry=bar.advance if bar else None)
+            count(target_plan.target, report, time.perf_counter() - t0)
         return True
 
     try:
-        for start in range(0, len(targets), step):
-            batch = targets[start:start + step]
-            contexts = grouped_contexts(batch, pending, study.measure, device) if use_groups else {}
-            for target in batch:
-                if not measure_one(target, contexts.pop(target, None), blocking=False):
-                    busy.append(target)  # another process measures it now: after the others, on what it wrote
-        for target in busy:
-            measure_one(target, None, blocking=True)
+        for start in range(0, len(plan.targets), step):
+            batch = plan.targets[start:start + step]
+            contexts = grouped_contexts(batch, cfg, device) if use_groups else {}
+            for target_plan in batch:
+                if not measure_one(target_plan, contexts.pop(target_plan.target, None), blocking=False):
+                    busy.append(target_plan)  # another process measures it now: after the others, on what it wrote
+        for target_plan in busy:
+            measure_one(target_plan, None, blocking=True)
     finally:
         if bar is not None:
             bar.close()
@@ -204,8 +228,8 @@ def _worker_measure(target: Any, names: list[str], cfg: Any, device: str, force:
 class _MeasureBar:
     """One progress bar over every (model, measure entry) still to compute; lines go above it."""
 
-    def __init__(self, pending: dict):
-        total = sum(len(todo) for todo in pending.values())
+    def __init__(self, plans: list[TargetPlan]):
+        total = sum(len(plan.todo) for plan in plans)
         self.bar = tqdm(total=total, unit="measure", dynamic_ncols=True, leave=False, desc="measuring")
 
     def write(self, line: str) -> None:

@@ -192,14 +192,6 @@ def _check_setting_types(settings: dict) -> None:
                 raise ConfigError(f"{where}: expected a string, got {value!r}")
 
 
-def names_for(target: Any, chosen: list[str], study: Study, given: list[str] | None) -> list[str]:
-    """The measures of one target: the chosen ones, or for a snapshot `measure.snapshot_measures` when the
-    study sets it and no measures were named on the command line."""
-    if getattr(target, "level", None) is None or given or study.measure.snapshot_measures is None:
-        return chosen
-    return resolve_names(list(study.measure.snapshot_measures))
-
-
 def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
     """Read every dataset the runs need (once per process), so a missing one is an error before anything
     is created."""
