@@ -218,12 +218,14 @@ def wrn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.
 
 
 def load_model(run_path: str | Path, device: str | torch.device = "cpu", model_file: Path | None = None,
-               sha256: str | None = None) -> nn.Module:
+               sha256: str | None = None, info: dict | None = None) -> nn.Module:
     """Rebuild a finished run's model from model.pt, or from `model_file` (a snapshot's) checked against
-    `sha256`; a corrupt, replaced or edited file gives a one-line CheckpointError."""
+    `sha256`; a corrupt, replaced or edited file gives a one-line CheckpointError. `info`: the run's
+    run.json when the caller has read it."""
     path = model_file or Path(run_path) / MODEL_FILE
     if sha256 is not None or model_file is None:
-        info = load_run_info(run_path) if (Path(run_path) / RUN_JSON).is_file() else {}
+        if info is None:
+            info = load_run_info(run_path) if (Path(run_path) / RUN_JSON).is_file() else {}
         check_model_hash(Path(run_path), info, path, sha256)
     blob = torch_load(path, map_location=device)
     if not isinstance(blob, dict) or "state_dict" not in blob or "config" not in blob:

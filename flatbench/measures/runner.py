@@ -188,7 +188,7 @@ def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.devic
                              f"{target.run_path.name} (edited by hand?); move the folder away or retrain it")
     dtype = DTYPES["float32" if cfg.dtype == "float32" else "float64"]  # auto: float32 twins made on demand
     model_file = None if target.level is None else target.model_file
-    model = load_model(target.run_path, device=device, model_file=model_file, sha256=target.sha256)
+    model = load_model(target.run_path, device=device, model_file=model_file, sha256=target.sha256, info=info)
     model = model.to(dtype).eval()
     for p in model.parameters():
         p.requires_grad_(True)
