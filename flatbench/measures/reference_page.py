@@ -82,8 +82,8 @@ def measure_page(name: str) -> str:
     spec = get_measure(name)
     definition = definition_lines(spec)
     out = [f"# `{spec.name}`", "", definition[0], ""]
-    if len(definition) > 2:
-        out += ["```text", *definition[2:], "```", ""]
+    if len(definition) > 2:  # the docstring: Markdown already (backticks for names, indented blocks for code)
+        out += [*definition[2:], ""]
     out += ["## Invariant to", "", *[f"- {line}" for line in invariance_lines(spec)], ""]
     out += ["## Facts", "", *[f"- {line}" for line in fact_lines(spec)], ""]
     out += [f"## Settings (`measure.settings.{spec.base_name}`)", "", *_settings_table(spec), ""]
