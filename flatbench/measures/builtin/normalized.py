@@ -483,7 +483,7 @@ PUBLISHED = {"published": {"solver": "published"}}
 @register_measure(
     "normalized_sharpness",
     description="Tsuzuku et al. §5: Σ_l min_{σ,σ'} Σ_ij H_ij σ_iσ'_j + W_ij²/(σ_iσ'_j), cross-entropy",
-    invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED)
+    invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="ce")
 def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
     """Normalized sharpness with the Hessian of the cross-entropy (Tsuzuku et al. §6.2's variant).
 
@@ -497,7 +497,7 @@ def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
     description="Tsuzuku et al. §5.4: normalized sharpness with the normalized-softmax cross-entropy "
                 "(flatbench's normalized_ce, τ = measure.normalized_ce_tau)",
     invariant_to=("layer", "node", "bn", "logit_scale"), cost="hessian",
-    defaults=NS_DEFAULTS, variants=PUBLISHED)
+    defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="normalized_ce")
 def normalized_sharpness_nce(ctx: MeasureContext) -> MeasureOutput:
     """Normalized sharpness with the Hessian of `normalized_ce` (the paper's §6.1 choice).
 

@@ -15,8 +15,9 @@ Monte-Carlo perturbations per σ, stop when the mean drop is within 0.01 of the 
 the same 10 standard-normal draws z_m (common random numbers, from the run's seeded generator) are used
 at every σ, so the estimated drop is a deterministic function of σ and the search is reproducible; the
 upper end is doubled (at most `max_expansions` times) until the drop exceeds the target, and a model
-whose accuracy never drops by the target (e.g. one near chance level) raises an error that says so
-instead of returning a meaningless σ. If the tolerance is not met within the depth, σ' is the largest σ
+whose accuracy never drops by the target raises an error that says so
+instead of returning a meaningless σ; a model that does not fit its data (training accuracy below the target
+drop, or within it of chance) is not applicable, with the reason. If the tolerance is not met within the depth, σ' is the largest σ
 whose drop was at most the target (the lower end of the final bracket) and `info.met_target` is False.
 """
 
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 
 
 class SearchFailed(RuntimeError):
@@ -108,8 +109,8 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
         return mean, se
 
     if base < target:
-        raise SearchFailed(f"{ctx.measure_name}: training accuracy {base:.4f} is below the target accuracy "
-                           f"drop {target}; no σ can be bracketed")
+        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is below the target "
+                            f"accuracy drop {target}, so no noise level σ can be bracketed (train the model first)")
     lo, hi = 0.0, float(s["sigma_max"])
     d_lo, se_lo = 0.0, 0.0
     if magnitude_eps is not None:
@@ -126,6 +127,10 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
         hi *= 2.0
         d_hi, se_hi = drop_at(hi)
         expansions += 1
+    if d_hi < target - tol and base - 1.0 / ctx.num_classes < target + tol:
+        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is within the target "
+                            f"drop {target} of chance (1/{ctx.num_classes}), and noise up to σ = {hi:g} drops it by "
+                            f"only {d_hi:.4f} (train the model first)")
     if d_hi < target - tol:
         raise SearchFailed(f"{ctx.measure_name}: could not bracket σ: the accuracy drop at σ = {hi:g} is "
                            f"only "
@@ -171,7 +176,8 @@ _DEFAULTS = {"target_drop": 0.1, "tolerance": 0.01, "samples": 10, "search_depth
     "pacbayes_flatness",
     description="Jiang et al. 2020 eq. 53: 1/σ'², σ' the largest σ with E_u~N(0,σ²I) acc drop ≤ 0.1 "
                 "(bisection)",
-    invariant_to=(), cost="search", defaults=dict(_DEFAULTS), stochastic=True, precision="float32")
+    invariant_to=(), cost="search", defaults=dict(_DEFAULTS), stochastic=True, precision="float32",
+    fixed_loss="accuracy (the 0-1 loss)")
 def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for isotropic Gaussian weight noise (all parameters perturbed, BatchNorm buffers fixed)."""
     sigma, info = sigma_search(ctx, None)
@@ -182,7 +188,8 @@ def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
     "pacbayes_mag_flatness",
     description="Jiang et al. 2020 eq. 61: 1/σ'² with magnitude-aware noise u_i ~ N(0, σ'²θ_i² + ε²) "
                 "(bisection)",
-    invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32")
+    invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32",
+    fixed_loss="accuracy (the 0-1 loss)")
 def pacbayes_mag_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for magnitude-aware noise of variance σ²θ_i² + ε² (all parameters, BatchNorm buffers fixed).
 

@@ -114,4 +114,5 @@ def scale_invariant_rangamani(ctx: MeasureContext) -> MeasureOutput:
     info.update(lambda_max=lam, loss=loss)
     if not math.isfinite(lam):
         raise RuntimeError("scale_invariant_rangamani: the power iteration produced a non-finite eigenvalue")
-    return MeasureOutput({"scale_invariant_rangamani": lam / (2.0 + 2.0 * loss)}, info)
+    return MeasureOutput({"scale_invariant_rangamani": lam / (2.0 + 2.0 * loss)}, info,
+                         not_converged=None if info["converged"] else info["warning"])
