@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
+from flatbench.measures.registry import setting_range
 
 
 class SearchFailed(RuntimeError):
@@ -170,6 +171,16 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
 
 _DEFAULTS = {"target_drop": 0.1, "tolerance": 0.01, "samples": 10, "search_depth": 15, "sigma_max": 2.0,
              "max_expansions": 10}
+_HELP = {"target_drop": "the accuracy drop σ' is searched for (Jiang et al.: 0.1); in (0, 1)",
+         "tolerance": "the search stops when the mean drop is within this of target_drop; > 0",
+         "samples": "noise draws per σ (the same draws at every σ); integer ≥ 1",
+         "search_depth": "bisection steps at most; integer ≥ 1",
+         "sigma_max": "the upper end of the first bracket [0, sigma_max]; > 0",
+         "max_expansions": "doublings of the upper end at most, while the drop there is below the target; "
+                           "integer ≥ 0",
+         "eps": "ε of the magnitude-aware noise N(0, σ²θ² + ε²); ≥ 0"}
+_RULES = {"target_drop": ("gt", 0), "tolerance": ("gt", 0), "samples": ("min", 1), "search_depth": ("min", 1),
+          "sigma_max": ("gt", 0), "max_expansions": ("min", 0), "eps": ("min", 0)}
 
 
 @register_measure(
@@ -177,7 +188,8 @@ _DEFAULTS = {"target_drop": 0.1, "tolerance": 0.01, "samples": 10, "search_depth
     description="Jiang et al. 2020 eq. 53: 1/σ'², σ' the largest σ with E_u~N(0,σ²I) acc drop ≤ 0.1 "
                 "(bisection)",
     invariant_to=(), cost="search", defaults=dict(_DEFAULTS), stochastic=True, precision="float32",
-    fixed_loss="accuracy (the 0-1 loss)")
+    fixed_loss="accuracy (the 0-1 loss)", settings_help={k: v for k, v in _HELP.items() if k in _DEFAULTS},
+    check=lambda s: setting_range("pacbayes_flatness", s, _RULES))
 def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for isotropic Gaussian weight noise (all parameters perturbed, BatchNorm buffers fixed)."""
     sigma, info = sigma_search(ctx, None)
@@ -189,7 +201,8 @@ def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
     description="Jiang et al. 2020 eq. 61: 1/σ'² with magnitude-aware noise u_i ~ N(0, σ'²θ_i² + ε²) "
                 "(bisection)",
     invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32",
-    fixed_loss="accuracy (the 0-1 loss)")
+    fixed_loss="accuracy (the 0-1 loss)", settings_help=_HELP,
+    check=lambda s: setting_range("pacbayes_mag_flatness", s, _RULES))
 def pacbayes_mag_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for magnitude-aware noise of variance σ²θ_i² + ε² (all parameters, BatchNorm buffers fixed).
 
