@@ -4,7 +4,8 @@ with the moments and the extreme eigenvalues written beside it.
     from flatbench.measures.density_plot import plot_density
     plot_density(entry, "density.png")   # entry: a measures.json entry, a `MeasureOutput`, or its info
 
-The density is drawn on a logarithmic axis, as PyHessian's and Ghorbani et al.'s figures are: the bulk near
+The figure is a plain matplotlib `Figure` encoded by the report's `png_bytes` (no pyplot state). The density
+is drawn on a logarithmic axis, as PyHessian's and Ghorbani et al.'s figures are: the bulk near
 zero and the few outliers it is plotted for differ by orders of magnitude. `flatbench measure-model --plot`
 calls it; the report can call it with an entry of a study's measures.json.
 """
@@ -52,26 +53,21 @@ def plot_density(entry: Any, path: str | Path, *, title: str = "Hessian spectral
     grid, density = info.get("grid"), info.get("density")
     if not grid or not density or len(grid) != len(density):
         raise FlatbenchError("this entry has no spectral density to plot (ask for the measure hessian_density)")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from flatbench.analysis.plots.common import new_figure, png_bytes  # the project's one PNG encoder
+    from flatbench.store import atomic_write_bytes
 
     floor = max(max(density) * 1e-8, 1e-300)
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=120)
-    try:
-        ax.semilogy(grid, [max(d, floor) for d in density], color="#1f4e79", lw=1.2)
-        ax.set_ylim(bottom=floor)
-        ax.set_xlabel("eigenvalue λ of the loss Hessian")
-        ax.set_ylabel("density (log scale)")
-        ax.set_title(title, fontsize=10)
-        ax.text(0.98, 0.95, "\n".join(density_summary(entry)), transform=ax.transAxes, ha="right", va="top",
-                fontsize=8, family="monospace", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#bbb"})
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
-    finally:
-        plt.close(fig)
+    fig = new_figure(6.4, 3.6)
+    ax = fig.add_subplot()
+    ax.semilogy(grid, [max(d, floor) for d in density], color="#1f4e79", lw=1.2)
+    ax.set_ylim(bottom=floor)
+    ax.set_xlabel("eigenvalue λ of the loss Hessian")
+    ax.set_ylabel("density (log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.text(0.98, 0.95, "\n".join(density_summary(entry)), transform=ax.transAxes, ha="right", va="top",
+            fontsize=8, family="monospace", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#bbb"})
+    ax.grid(alpha=0.3)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, png_bytes(fig))
     return out

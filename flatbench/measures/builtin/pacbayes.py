@@ -85,6 +85,19 @@ def accuracy_drops(ctx: MeasureContext, sigma: float, generators: list[torch.Gen
     return torch.tensor(drops, dtype=torch.float64)
 
 
+def _check_fit(ctx: MeasureContext, base: float, target: float, tol: float,
+               reached: tuple[float, float] | None = None) -> None:
+    """NotApplicable for a model that does not fit its data: training accuracy below the target drop, or
+    (`reached` = (σ, drop): the largest noise tried did not drop it by the target) within it of chance."""
+    if base < target:
+        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is below the target "
+                            f"accuracy drop {target}, so no noise level σ can be bracketed (train the model first)")
+    if reached is not None and base - 1.0 / ctx.num_classes < target + tol:
+        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is within the target "
+                            f"drop {target} of chance (1/{ctx.num_classes}), and noise up to σ = {reached[0]:g} drops "
+                            f"it by only {reached[1]:.4f} (train the model first)")
+
+
 def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[float, dict[str, Any]]:
     s = ctx.settings
     target, tol = float(s["target_drop"]), float(s["tolerance"])
@@ -109,9 +122,7 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
         evaluations.append({"sigma": sigma, "drop": mean, "stderr": se})
         return mean, se
 
-    if base < target:
-        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is below the target "
-                            f"accuracy drop {target}, so no noise level σ can be bracketed (train the model first)")
+    _check_fit(ctx, base, target, tol)
     lo, hi = 0.0, float(s["sigma_max"])
     d_lo, se_lo = 0.0, 0.0
     if magnitude_eps is not None:
@@ -128,11 +139,8 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
         hi *= 2.0
         d_hi, se_hi = drop_at(hi)
         expansions += 1
-    if d_hi < target - tol and base - 1.0 / ctx.num_classes < target + tol:
-        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is within the target "
-                            f"drop {target} of chance (1/{ctx.num_classes}), and noise up to σ = {hi:g} drops it by "
-                            f"only {d_hi:.4f} (train the model first)")
     if d_hi < target - tol:
+        _check_fit(ctx, base, target, tol, (hi, d_hi))
         raise SearchFailed(f"{ctx.measure_name}: could not bracket σ: the accuracy drop at σ = {hi:g} is "
                            f"only "
                            f"{d_hi:.4f} < target {target} (training accuracy {base:.4f}, "
