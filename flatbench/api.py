@@ -5,14 +5,16 @@
 
 One row per result key (`measure`, `key`, `value`, `status`, `reason`, `seconds`): a measure that does not
 apply to the model (path norm on a GELU network, the ψ measures on anything but a bias-free ReLU MLP, a
-rescaling family's layers missing) gives one row with status `not_applicable` and the reason; a measure
-that fails gives status `error` and the message. Each measure's extra information (method, iterations,
-standard errors) is in `df.attrs["info"][measure]`.
+rescaling family's layers missing) gives one row with status `not_applicable` and the reason; an iterative
+estimate stopped by its cap before its tolerance gives `not_converged` with the residual (its estimate in
+`info["values"]`); a measure that fails gives status `error` and the message. Each measure's extra
+information (method, iterations, standard errors) is in `df.attrs["info"][measure]`. A measure defined with
+a loss of its own (`normalized_sharpness`, `fisher_rao_norm`, the PAC-Bayes searches) asked for with another
+loss says so in `reason`.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,16 +22,19 @@ from typing import Any
 
 import pandas as pd
 import torch
+import yaml
 from torch import Tensor, nn
 
+from flatbench import strict_yaml
 from flatbench.config import DataConfig, MeasureConfig
 from flatbench.config.parse import MAX_TIMEOUT_S
 from flatbench.curvature import use_hvp_mode
 from flatbench.data import check_dataset_name, load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError
 from flatbench.losses import get_loss
+from flatbench.measures.arguments import check_options, copy_model, trial_forward
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.isolation import ModelGuard, describe_change, fingerprint
+from flatbench.measures.isolation import ModelGuard
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
 from flatbench.measures.runner import check_settings, compute_entry
@@ -100,22 +105,48 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     settings as in `measure.settings`. `plugins`: measure plugin files or modules to load first. `seed`
     seeds every measure's random draws. `hvp_mode`: auto | rev_fwd | fwd_rev | double_backward.
     `timeout_s`: seconds one measure may take (None: no limit; the limit needs the main thread).
-    Your model is measured in eval mode with every parameter trainable, and is left in the mode and with the
-    `requires_grad` flags it came with (`isolation.ModelGuard`).
+    Your model is measured in eval mode with every parameter trainable (a copy of it is), and is left in the
+    mode, with the `requires_grad` flags and the tensors it came with (`_CallerState`).
     """
     if not isinstance(model, nn.Module):
         raise FlatbenchError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                   or not 0 < timeout_s <= MAX_TIMEOUT_S):
         raise FlatbenchError(f"timeout_s must be in (0, {MAX_TIMEOUT_S}] seconds or None, got {timeout_s!r}")
-    guard = ModelGuard(model)
+    state = _CallerState(model)
     try:
         return _measure_copy(model, data, measures, loss=loss, n_examples=n_examples, device=device, dtype=dtype,
                              settings=settings, plugins=plugins, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size,
                              max_memory_mb=max_memory_mb, timeout_s=timeout_s)
     finally:
-        if describe_change(guard.print, fingerprint(model)):
+        state.restore(model)
+
+
+class _CallerState:
+    """The caller's model as it came: a copy of its tensors, its modules' modes, its requires_grad flags. The
+    measures see a copy of the model (`arguments.copy_model`), so nothing here is expected to change; this
+    puts back whatever did (a plugin holding a reference to the caller's model). Compared with `torch.equal`
+    rather than hashed (`isolation.fingerprint`, which the measures' own isolation uses): the API's overhead
+    over the measure stage is kept to the copy (issue 29: within 1.2× of the kernel)."""
+
+    def __init__(self, model: nn.Module):
+        self.tensors = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items() if v is not None}
+        self.modes = [m.training for m in model.modules()]
+        self.grads = [p.requires_grad for p in model.parameters()]
+
+    def restore(self, model: nn.Module) -> None:
+        current = model.state_dict(keep_vars=True)
+        if current.keys() != self.tensors.keys() or any(
+                v.shape != self.tensors[k].shape or v.dtype != self.tensors[k].dtype
+                or not torch.equal(v.detach(), self.tensors[k]) for k, v in current.items() if v is not None):
+            guard = ModelGuard.__new__(ModelGuard)  # ModelGuard's restore, without hashing what is known
+            guard.state, guard.modes, guard.grads = self.tensors, {}, {}
             guard.restore(model)
+        for module, mode in zip(model.modules(), self.modes):
+            module.training = mode
+        for p, flag in zip(model.parameters(), self.grads):
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
 
 
 def _measure_copy(model: nn.Module, data: Any, measures: Any, *, loss: Any, n_examples: int | None, device: Any,
@@ -126,32 +157,29 @@ def _measure_copy(model: nn.Module, data: Any, measures: Any, *, loss: Any, n_ex
     names = resolve_names([measures] if isinstance(measures, str) else list(measures))
     if not names:
         raise FlatbenchError("no measures given")
-    settings = {k: dict(v) for k, v in (settings or {}).items()}
+    if not isinstance(settings or {}, dict):
+        raise FlatbenchError(f"settings must be a dict of measure -> {{setting: value}}, got {settings!r:.60}")
+    settings = {k: dict(v) if isinstance(v, dict) else v for k, v in (settings or {}).items()}
     check_settings(names, MeasureConfig(settings=settings))
-    device = torch.device(device)
+    device = check_options(device=device, dtype=dtype, hvp_mode=hvp_mode, chunk_size=chunk_size,
+                           max_memory_mb=max_memory_mb, seed=seed)
+    loss_fn = get_loss(loss)
     x, y = _as_tensors(data, n_examples)
     x = x.to(device=device, dtype=dtype if x.dtype.is_floating_point else x.dtype)
     y = y.to(device)
-    net = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    net = copy_model(model).to(device=device, dtype=dtype).eval()
     for p in net.parameters():
         p.requires_grad_(True)
     if hvp_mode != "auto":
         use_hvp_mode(net, hvp_mode)
-    ctx = _context(net, x, y, loss, seed=seed, chunk_size=chunk_size, max_memory_mb=max_memory_mb)
+    num_classes = trial_forward(net, x, y, loss_fn)
+    ctx = _context(net, x, y, loss, loss_fn, num_classes, seed=seed, chunk_size=chunk_size,
+                   max_memory_mb=max_memory_mb)
     return compute_records(ctx, names, settings, timeout_s)
 
 
-def _context(net: nn.Module, x: Tensor, y: Tensor, loss: Any, **kwargs: Any) -> Any:
-    """A MeasureContext for an ad-hoc model, with `loss` (a name or a function) as its loss."""
-    with torch.no_grad():
-        out = net(x[:1])
-    if not isinstance(out, Tensor) or out.ndim != 2:
-        raise FlatbenchError(f"the model must return logits of shape (n, classes), got "
-                             f"{getattr(out, 'shape', type(out).__name__)}")
-    num_classes = int(out.shape[1])
-    if int(y.max()) >= num_classes or int(y.min()) < 0:
-        raise FlatbenchError(f"targets must lie in 0..{num_classes - 1} (the model has {num_classes} outputs)")
-    loss_fn = get_loss(loss)
+def _context(net: nn.Module, x: Tensor, y: Tensor, loss: Any, loss_fn: Any, num_classes: int, **kwargs: Any) -> Any:
+    """A MeasureContext for an ad-hoc model, with `loss` (a name or a function: `loss_fn`) as its loss."""
     loss_name = loss if isinstance(loss, str) else loss_fn.name
     ctx = MeasureContext(model=net, inputs=x, targets=y, num_classes=num_classes, run_id="api", loss_name=loss_name,
                          **kwargs)
@@ -178,11 +206,12 @@ def records_to_frame(records: dict[str, dict[str, Any]]) -> Any:
     info: dict[str, Any] = {}
     for key, record in records.items():
         status, seconds, name = record["status"], float(record["seconds"]), record["measure"]
+        if "info" in record:
+            info[key] = record["info"]
         if status == "ok":
-            info[key] = record.get("info", {})
             for value_key, value in record["values"].items():
                 rows.append({"measure": name, "key": value_key, "value": float(value), "status": status,
-                             "reason": "", "seconds": seconds})
+                             "reason": str(record.get("reason") or ""), "seconds": seconds})
         else:
             rows.append({"measure": name, "key": key, "value": math.nan, "status": status,
                          "reason": str(record.get("reason") or record.get("error") or ""), "seconds": seconds})
@@ -191,15 +220,38 @@ def records_to_frame(records: dict[str, dict[str, Any]]) -> Any:
     return df
 
 
+def settings_from_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """`measure.settings` from `MEASURE.KEY=VALUE` items (`measure-model --set`; the value parsed as YAML, as
+    a study override's): a malformed item is one line (the names and values are checked by `measure`)."""
+    settings: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        name, dot, setting = key.strip().rpartition(".")
+        if not eq or not dot or not name or not setting:
+            raise FlatbenchError(f"--set '{item}' is not of the form MEASURE.KEY=VALUE (e.g. "
+                                 "hessian_max_eig.iters=200)")
+        try:
+            value = strict_yaml.load(text) if text.strip() else None
+        except (yaml.YAMLError, RecursionError):
+            raise FlatbenchError(f"--set '{item}': the value is not valid YAML") from None
+        settings.setdefault(name, {})[setting] = value
+    return settings
+
+
 def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
                   measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
                   dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,
-                  settings: dict[str, dict[str, Any]] | None = None) -> tuple[Any, Any]:
+                  settings: dict[str, dict[str, Any]] | None = None, loss: str = "ce",
+                  plot: str | None = None) -> tuple[Any, Any]:
     """`flatbench measure-model`: build the model of `factory` (file.py:function, pkg.module:function) for
     the dataset `data` (a built-in name or an .npz file), load `checkpoint` (a state dict, or a dict with
     one under `state_dict` or `model`), measure it on the first `n_examples` training examples (a seeded
-    class-balanced subset), and write measures.json and table.csv into `out`. Returns (DataFrame, out)."""
+    class-balanced subset) with `loss` and `settings`, write measures.json and table.csv into `out`, and
+    with `plot` the hessian_density spectrum into that PNG (its path in `df.attrs["plot"]`). Returns
+    (DataFrame, out)."""
     check_dataset_name(data)
+    if plot is not None and not str(plot).lower().endswith(".png"):
+        raise FlatbenchError(f"--plot must name a .png file, got {plot!r}")
     if dtype not in ("float64", "float32"):
         raise FlatbenchError(f"--dtype must be float64 or float32, got {dtype!r}")
     ds = load_dataset(DataConfig(dataset=data), seed)
@@ -217,10 +269,16 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
             raise FlatbenchError(f"checkpoint {checkpoint} does not fit the model of {factory} "
                                  f"({str(exc).splitlines()[0]})") from None
     x, y = measurement_subset(ds, n_examples, seed)
-    records = measure_records(model, (x, y), measures or ["all"], device=device,
+    records = measure_records(model, (x, y), measures or ["all"], device=device, loss=loss,
                               dtype=torch.float64 if dtype == "float64" else torch.float32, settings=settings,
                               plugins=plugins, seed=seed)
     df = records_to_frame(records)
+    if plot is not None:
+        from flatbench.measures.density_plot import plot_density
+
+        entry = next((r for r in records.values() if r["measure"] == "hessian_density"), None)
+        if entry is not None and entry["status"] in ("ok", "not_converged"):
+            df.attrs["plot"] = str(plot_density(entry, plot, title=f"{factory} on {data}"))
     out_dir = Path(out) if out else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -403,22 +403,37 @@ def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str
 @click.option("--out", "out_dir", default=None, help="Write measures.json and table.csv into this folder.")
 @click.option("--dtype", default="float64", show_default=True, type=click.Choice(["float64", "float32"]))
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the model's init and the probes.")
-@DEVICE
+@click.option("--set", "sets", multiple=True, metavar="MEASURE.KEY=VALUE",
+              help="A measure setting, as measure.settings in a study config (repeatable; `flatbench describe "
+                   "MEASURE` lists them), e.g. --set hessian_max_eig.iters=200.")
+@click.option("--loss", default="ce", show_default=True,
+              help="The loss of the loss-based measures: ce, normalized_ce, mse, or file.py:function.")
+@click.option("--plot", "plot", default=None, metavar="PATH",
+              help="Draw the hessian_density spectrum into this PNG (adds hessian_density to the measures).")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
+              help="Where to measure.")
 @PLUGIN
 def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples: int | None, measures: str | None,
-                  out_dir: str | None, dtype: str, seed: int, device: str, plugins: tuple[str, ...]) -> None:
+                  out_dir: str | None, dtype: str, seed: int, sets: tuple[str, ...], loss: str, plot: str | None,
+                  device: str, plugins: tuple[str, ...]) -> None:
     """Measure a model of one's own: FACTORY is file.py:function or pkg.module:function (called with
     input_shape and num_classes where it takes them), with --checkpoint weights, on --data."""
     # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.api import measure_model as run_measure_model
-    from flatbench.measures.runner import format_value
+    from flatbench.measures.runner import FAILED, format_value
     from flatbench.study.spec import check_output_dir
     from flatbench.training import resolve_device
 
+    from flatbench.api import settings_from_overrides
+
     out = check_output_dir(out_dir, "output folder") if out_dir else None
-    df, where = run_measure_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples,
-                                  measures=_names(measures), out=str(out) if out else None,
-                                  device=str(resolve_device(device)), dtype=dtype, plugins=plugins, seed=seed)
+    names = _names(measures)
+    if plot and "hessian_density" not in (names or []):
+        names = (names or ["all"]) + ["hessian_density"]
+    df, where = run_measure_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, measures=names,
+                                  out=str(out) if out else None, device=str(resolve_device(device)), dtype=dtype,
+                                  plugins=plugins, seed=seed, settings=settings_from_overrides(sets), loss=loss,
+                                  plot=plot)
     heads = df[~df["key"].str.contains("/")]
     width = max([len(k) for k in heads["key"]] + [10])
     for _, row in heads.iterrows():
@@ -427,7 +442,12 @@ def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples
         click.echo(f"{row['key']:{width}s}  {text}  ({row['seconds']:.2f}s)")
     if where is not None:
         click.echo(f"-> {where / 'measures.json'}, {where / 'table.csv'}")
-    failed = df[df["status"].isin(["error", "non_finite"])]
+    if plot and df.attrs.get("plot"):
+        click.echo(f"-> {df.attrs['plot']}")
+    if checkpoint is None:
+        click.echo(f"warning: no --checkpoint: these are the measures of {one_line(factory)}'s random "
+                   "initialization, not of a trained model", err=True)
+    failed = df[df["status"].isin(list(FAILED))]
     _list_failed([(factory, row["key"], str(row["reason"])) for _, row in failed.iterrows()])
     if len(failed):
         _exit_failed(len(failed))

@@ -50,8 +50,11 @@ class LogitLoss:
         if self.fn is not None:
             out = self.fn(logits, targets)
             if not isinstance(out, torch.Tensor) or out.shape != logits.shape[:1]:
+                scalar = isinstance(out, torch.Tensor) and out.ndim == 0
                 raise FlatbenchError(f"loss '{self.name}' must return one loss per example (shape "
-                                     f"{tuple(logits.shape[:1])}), got {getattr(out, 'shape', type(out).__name__)}")
+                                     f"{tuple(logits.shape[:1])}), got "
+                                     + ("a scalar: compute it with reduction='none'" if scalar
+                                        else str(getattr(out, 'shape', type(out).__name__))))
             return out
         centered = logits - logits.mean(dim=-1, keepdim=True)
         norm = centered.norm(dim=-1, keepdim=True).clamp_min(_NORM_EPS)

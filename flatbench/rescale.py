@@ -167,6 +167,17 @@ def _wrn_structure(model: nn.Module) -> Structure:
     return out
 
 
+def _wrapped_hint(model: nn.Module) -> str:
+    """What to do with a module that wraps a Sequential holding all its parameters (an MLP class whose
+    forward calls `self.net(x)`): measure that Sequential itself."""
+    n_params = sum(p.numel() for p in model.parameters())
+    for name, child in model.named_children():
+        if isinstance(child, nn.Sequential) and sum(p.numel() for p in child.parameters()) == n_params:
+            return (f"; it wraps the Sequential '{name}' that holds all its parameters: measure that one "
+                    f"(e.g. flatbench.measure(model.{name}, ...)) if the wrapper's forward only calls it")
+    return "; write the model as an nn.Sequential of Linear/Conv2d, BatchNorm and ReLU layers"
+
+
 def structure(model: nn.Module) -> Structure:
     """The junctions, BatchNorm pairs and last layer of a supported model (see the module docstring)."""
     try:
@@ -174,7 +185,8 @@ def structure(model: nn.Module) -> Structure:
             return _wrn_structure(model)
         if isinstance(model, nn.Sequential):
             return _sequential_structure(model)
-        raise _Unsupported(f"{type(model).__name__} is neither a Sequential chain nor flatbench's wrn")
+        raise _Unsupported(f"{type(model).__name__} is neither a Sequential chain nor flatbench's wrn"
+                           + _wrapped_hint(model))
     except _Unsupported as exc:
         return Structure(unsupported=str(exc))
 

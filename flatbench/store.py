@@ -203,8 +203,8 @@ def measure_entry_problem(entry: Any) -> str | None:
     if not isinstance(entry, dict):
         return f"a {type(entry).__name__}, not an object"
     status = entry.get("status")
-    if status not in ("ok", "error", "not_applicable", "non_finite"):
-        return f"status {status!r} is not ok, error, not_applicable or non_finite"
+    if status not in ("ok", "error", "not_applicable", "non_finite", "not_converged"):
+        return f"status {status!r} is not ok, error, not_applicable, non_finite or not_converged"
     if status == "ok":
         values = entry.get("values")
         if not isinstance(values, dict) or not values:

@@ -12,6 +12,7 @@ Hutchinson and Lanczos. `HessianOperator` holds them once, like curvlinops' `Hes
     H.hutchpp_trace(generator=g, rtol=0.01)   # Hutch++ until the relative standard error is rtol
     H.diagonal()               # exact for piecewise-linear nets and smooth chains, else Hutchinson
     H.top_eigenvalues(k=1, generator=g)   # Lanczos with full reorthogonalization
+    H.block_top_eigenvalues(groups, generator=g)   # the same per diagonal block (a layer's parameters)
     H.spectral_density(generator=g)       # stochastic Lanczos quadrature: density on a grid, moments
 
 The operator reads the model's parameters when it is applied (it holds no copy), so it stays valid while
@@ -228,6 +229,30 @@ class HessianOperator:
         device = next(iter(self.params.values())).device
         return lanczos_operator(self.flat_matvec(), self.size, device=device, k=k, iters=iters,
                                 generator=generator, tol=tol)
+
+    def block_top_eigenvalues(self, groups: dict[str, list[str]], *, iters: int = 100, generator: torch.Generator,
+                              tol: float = 1e-6) -> dict[str, dict[str, Any]]:
+        """Per group of parameters (name -> parameter names, e.g. one layer's weight and bias), the largest
+        eigenvalue of H's diagonal block of that group (the Hessian of the loss in those parameters with the
+        others fixed), by Lanczos on the block's products (one full HVP each): eigenvalue, residual,
+        iterations, converged, size."""
+        params = self.params
+        device = next(iter(params.values())).device
+        out: dict[str, dict[str, Any]] = {}
+        for group, members in groups.items():
+            sizes = [params[n].numel() for n in members]
+
+            def matvec(v: Tensor, members: list[str] = members, sizes: list[int] = sizes) -> Tensor:
+                full = {n: torch.zeros_like(p) for n, p in params.items()}
+                for n, part in zip(members, torch.split(v, sizes)):
+                    full[n] = part.view_as(params[n]).to(params[n].dtype)
+                hv = self @ full
+                return flatten({n: hv[n] for n in members}, members, torch.float64)
+
+            res = lanczos_operator(matvec, sum(sizes), device=device, k=1, iters=iters, generator=generator, tol=tol)
+            out[group] = {"eigenvalue": res["eigenvalues"][0], "residual": res["residuals"][0],
+                          "iterations": res["iterations"], "converged": res["converged"], "size": sum(sizes)}
+        return out
 
 
 def hessian_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Any, *, max_memory_mb: int = 1024,

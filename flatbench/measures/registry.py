@@ -54,6 +54,10 @@ class NotApplicable(Exception):
 class MeasureOutput:
     values: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
+    not_converged: str | None = None
+    """Why an iterative computation stopped before its tolerance (an iteration cap, an HVP budget), with the
+    residual it reached; the runner records the entry as status `not_converged` with this reason (its
+    estimate kept in `info["values"]`, not among the values the statistics read)."""
 
 
 class MeasureOutputError(TypeError):
@@ -101,7 +105,24 @@ def as_output(out: Any, name: str) -> MeasureOutput:
     bad = [k for k in values if not isinstance(k, str)]
     if bad:
         raise MeasureOutputError(f"measure '{name}' returned the key {bad[0]!r}; result keys are strings")
-    return MeasureOutput({k: as_value(v, name, k) for k, v in values.items()}, info)
+    not_converged = out.not_converged if isinstance(out, MeasureOutput) else None
+    return MeasureOutput({k: as_value(v, name, k) for k, v in values.items()}, info,
+                         None if not_converged is None else str(not_converged))
+
+
+def setting_range(name: str, settings: dict[str, Any], rules: dict[str, tuple[str, Any]]) -> None:
+    """Check settings against `rules`: key -> ("min", m) (≥ m), ("gt", m) (> m) or ("in", choices); a value
+    outside is one line naming the measure, the setting and what is valid (a measure's `check`)."""
+    for key, (kind, bound) in rules.items():
+        if key not in settings:
+            continue
+        value = settings[key]
+        bad = (kind == "min" and not value >= bound) or (kind == "gt" and not value > bound) or \
+            (kind == "in" and value not in bound)
+        if bad:
+            want = f"at least {bound}" if kind == "min" else f"greater than {bound}" if kind == "gt" else \
+                "one of " + ", ".join(str(b) for b in bound)
+            raise FlatbenchError(f"measure.settings.{name}.{key}: must be {want}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,11 @@ class MeasureSpec:
     is computed in float64 and a measure registered with `precision="float32"` (Monte-Carlo estimates,
     searches, the Lanczos eigenvalue baseline: their own error is far above float32 rounding) in float32,
     which is 2-4x faster on a CPU; `measure.dtype: float64` or `float32` puts every measure in that dtype."""
+    fixed_loss: str = ""
+    """A measure that is not computed per configured loss but uses one loss of its own (`ce` for
+    `normalized_sharpness` and `fisher_rao_norm`): asked for with another loss, its entry says so in `reason`."""
+    check: Callable[[dict[str, Any]], None] | None = None
+    """Checks the values of the measure's settings (raises `FlatbenchError` with one line) before any work."""
 
     def settings(self, user: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """The settings a computation uses: defaults, then the user's `measure.settings`, then the preset."""
@@ -182,7 +208,8 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
                      stochastic: bool = False, larger_is_sharper: bool = True,
                      exact: bool = True, variants: dict[str, dict[str, Any]] | None = None,
                      family: str | None = None, precision: str = "float64",
-                     settings_help: dict[str, str] | None = None, in_all: bool = True
+                     settings_help: dict[str, str] | None = None, in_all: bool = True,
+                     fixed_loss: str = "", check: Callable[[dict[str, Any]], None] | None = None
                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `fn(ctx) -> dict | MeasureOutput` as the measure `name` (see the module docstring).
 
@@ -195,7 +222,10 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
     report's grouping (default: the plugin's name). `precision`: float64 (default), or float32 for an
     estimate that float32 rounding does not change (computed in float32 under `measure.dtype: auto`).
     `settings_help`: per setting, its meaning and valid range (shown by `flatbench describe`). `in_all`:
-    whether `all` includes it (False: only asked for by name)."""
+    whether `all` includes it (False: only asked for by name). `fixed_loss`: the one loss a measure that does not
+    `uses_loss` computes with (its entry says so when another loss is asked for). `check(settings)`: raises a
+    `FlatbenchError` for a bad setting value, called before any work (settings of the defaults' type are
+    checked for every measure)."""
     unknown = set(invariant_to) - set(FAMILIES)
     if unknown:
         raise FlatbenchError(f"measure '{name}': unknown invariance families {sorted(unknown)} (families: "
@@ -232,7 +262,7 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
                                       origin=origin, origin_sha256=sha,
                                       family=family or ("" if origin == "builtin" else _plugin_name(origin)),
                                       precision=precision, settings_help=dict(settings_help or {}),
-                                      in_all=bool(in_all))
+                                      in_all=bool(in_all), fixed_loss=str(fixed_loss), check=check)
         return fn
 
     return decorator

@@ -64,8 +64,9 @@ from flatbench.store import (
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DONE = ("ok", "not_applicable")
-FAILED = ("error", "non_finite")
-"""Entry statuses that count as failed (the stage exits with 1)."""
+FAILED = ("error", "non_finite", "not_converged")
+"""Entry statuses that count as failed (the stage exits with 1): `not_converged` is an iterative estimate
+that stopped at its cap before its tolerance (the reason gives the residual; more iterations fix it)."""
 
 
 def plugin_record(spec: MeasureSpec) -> dict[str, Any] | None:
@@ -82,17 +83,42 @@ def _plugin_hash(record: Any) -> Any:
 
 
 def check_settings(names: list[str], cfg: MeasureConfig) -> None:
-    """Unknown measures or settings in `measure.settings` are one clear error, before any work."""
+    """Unknown measures or settings in `measure.settings`, a value of another type than the setting's
+    default, and a value the measure's own `check` refuses are one clear error, before any work."""
     for name, given in cfg.settings.items():
         spec = get_measure(name)
         if spec.base:
             raise FlatbenchError(f"measure.settings.{name}: give settings for '{spec.base}' (a variant is a "
                                  "fixed preset of its settings)")
+        if not isinstance(given, dict):
+            raise FlatbenchError(f"measure.settings.{name} must be a mapping of setting: value, got {given!r:.60}")
         unknown = sorted(set(given) - set(spec.defaults))
         if unknown:
             valid = ", ".join(sorted(spec.defaults)) or "none"
             raise FlatbenchError(f"unknown setting '{unknown[0]}' for measure '{name}'"
                                  f"{did_you_mean(unknown[0], spec.defaults)} (valid: {valid})")
+        for key, value in given.items():
+            _check_type(name, key, value, spec.defaults[key])
+    for name in names:
+        spec = get_measure(name)
+        if spec.check is not None:
+            spec.check(spec.settings(cfg.settings))
+
+
+def _check_type(name: str, key: str, value: Any, default: Any) -> None:
+    """A setting's value has its default's type (an integer where a float is expected is fine; a bool is
+    never a number; a None default takes anything)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = (default is None or (isinstance(default, bool) and isinstance(value, bool))
+          or (isinstance(default, int) and not isinstance(default, bool) and number and float(value).is_integer())
+          or (isinstance(default, float) and number) or (isinstance(default, str) and isinstance(value, str))
+          or (isinstance(default, (list, tuple)) and isinstance(value, (list, tuple))))
+    if not ok:
+        kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(type(default),
+                                                                                                  "a list")
+        raise FlatbenchError(f"measure.settings.{name}.{key}: expected {kind} (default {default!r}), got {value!r:.60}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FlatbenchError(f"measure.settings.{name}.{key}: expected a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -205,7 +231,8 @@ def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.devic
 def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, Any],
                   loss: str | None, timeout_s: float | None = None) -> dict[str, Any]:
     """Run one measure for one loss and turn its outcome into an entry: `ok` with finite values, or
-    `not_applicable`, `non_finite` (NaN or inf, with the key) or `error` with the reason: an exception of
+    `not_applicable`, `non_finite` (NaN or inf, with the key), `not_converged` (an iterative estimate stopped
+    at its cap: the residual in the reason, the estimate in `info.values`) or `error` with the reason: an exception of
     any kind (SystemExit of a plugin included), a result that is not numbers, info that JSON cannot hold, a
     time limit passed (`timeout_s`), or a change of the model (`isolation.guarded_call`: the model is put
     back for the next measure and nothing computed on the changed model is kept)."""
@@ -232,6 +259,9 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
         record.update(status="error", **_error_text(exc))
     else:
         record.update(_checked_output(spec, loss, out))
+        if loss is None and spec.fixed_loss and ctx.loss_name != spec.fixed_loss and "reason" not in record:
+            record["reason"] = (f"computed with {spec.fixed_loss}, the loss this measure is defined with; the "
+                                f"loss asked for ({ctx.loss_name}) is not used by it")
     record["seconds"] = round(time.perf_counter() - start, 4)
     return record
 
@@ -262,6 +292,9 @@ def _checked_output(spec: MeasureSpec, loss: str | None, out: MeasureOutput) -> 
     problem = json_problem(out.info)
     if problem:
         return {"status": "error", "error": f"measure '{spec.name}' returned info that JSON cannot hold ({problem})"}
+    if out.not_converged:  # the estimate is kept in info, not among the values the statistics read
+        return {"status": "not_converged", "reason": f"measure '{spec.name}' did not converge: {out.not_converged}",
+                "info": {**out.info, "values": values}}
     return {"status": "ok", "values": values, "info": out.info}
 
 

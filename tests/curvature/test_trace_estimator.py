@@ -164,3 +164,25 @@ def test_hutchpp_error_is_calibrated_and_deflation_pays() -> None:
     assert within >= 36 and max(ratios) < 0.2
     full = hutchpp_trace(matvec, 60, generator=torch.Generator().manual_seed(0), sketch=60, max_hvps=200)
     assert full["trace"] == pytest.approx(exact, rel=1e-12) and full["stderr"] == 0 and full["converged"]
+
+
+@pytest.mark.parametrize("cls", [TinyLSTM, TinyAttention])
+def test_lstm_and_attention_traces_reach_one_percent_and_are_within_it(cls: type[nn.Module]) -> None:
+    """Issue 29's criterion: on the LSTM and the ViT-like attention network (recurrent weights and the
+    positional embedding included), Hutch++ at its default rtol reaches a 1% relative standard error, and
+    its error against the materialized Hessian is within it (and within three of its standard errors). The
+    attention network's trace (4.3) is small beside its Frobenius norm: with the default sketch of 20 its
+    2000-HVP budget ends at 1.2% (status not_converged, checked below); a sketch of 100 reaches 1% in ~400."""
+    net, x, y, hess = case(cls)
+    exact = float(hess.trace())
+    if cls is TinyAttention:
+        stuck = trace_entry(net, x, y, exact_max_params=0)
+        assert stuck["status"] == "not_converged" and "budget of 2000 HVPs" in stuck["reason"]
+    sketch = 100 if cls is TinyAttention else 20
+    entry = trace_entry(net, x, y, exact_max_params=0, sketch=sketch)  # force the estimator on these small models
+    info, value = entry["info"], entry["values"]["hessian_trace"]
+    assert entry["status"] == "ok" and info["method"] == "hutchpp" and info["rtol"] == 0.01
+    assert info["converged"] and info["rel_stderr"] <= 0.01
+    assert abs(value - exact) <= min(3 * info["stderr"], 0.01 * abs(exact)), (value, exact, info["stderr"])
+    name = "hessian_trace/pos" if cls is TinyAttention else "hessian_trace/lstm.weight_hh_l0"
+    assert entry["values"][name] != 0

@@ -49,6 +49,23 @@ def test_every_builtin_measure_is_described(name: str) -> None:
     assert f'flatbench.measure(model, (x, y), ["{name}"]' in page
 
 
+def test_every_setting_of_every_builtin_measure_is_explained() -> None:
+    for name, spec in all_measures().items():
+        if spec.origin == "builtin":
+            assert set(spec.settings_help) == set(spec.defaults), name
+            page = describe_measure(name)
+            for key, text in spec.settings_help.items():
+                assert text in page, (name, key)
+
+
+def test_the_defaults_pass_every_builtin_measures_own_check() -> None:
+    from flatbench.config import MeasureConfig
+    from flatbench.measures.runner import check_settings
+
+    names = [n for n in _names()]
+    check_settings(names, MeasureConfig(settings={}))
+
+
 def test_the_trace_and_eigenvalue_settings_are_all_explained() -> None:
     for name in ("hessian_trace", "hessian_max_eig"):
         spec = get_measure(name)

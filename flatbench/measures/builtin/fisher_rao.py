@@ -59,7 +59,7 @@ def _directional(model: torch.nn.Module, x: torch.Tensor, params: dict[str, torc
     "fisher_rao_norm",
     description="Liang et al. 2017: E_n[⟨θ, ∇_θ ℓ(f_n, y_n)⟩²] over all parameters (one JVP along θ "
                 "per chunk)",
-    invariant_to=("layer", "node", "bn"), cost="gradient")
+    invariant_to=("layer", "node", "bn"), cost="gradient", fixed_loss="ce")
 def fisher_rao_norm(ctx: MeasureContext) -> MeasureOutput:
     """The squared Fisher-Rao norm E_n[⟨θ, ∇_θ ℓ_n⟩²] (not its square root, unlike some ports).
 

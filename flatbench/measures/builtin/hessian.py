@@ -15,12 +15,14 @@ from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DENSE_MAX_PARAMS, DE
                                  DiagonalResult, per_layer_traces)
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
+from flatbench.measures.registry import setting_range
 
 TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES,
                                  "exact_max_params": DENSE_MAX_PARAMS,
                                  **{k: HUTCHPP_DEFAULTS[k] for k in ("rtol", "max_hvps", "sketch")}}
 TRACE_METHODS = ("auto", "exact", "hutchinson", "hutchpp")
-MAX_EIG_DEFAULTS: dict[str, Any] = {"iters": 100, "tol": 1e-6, "k": 1}
+MAX_EIG_DEFAULTS: dict[str, Any] = {"iters": 100, "tol": 1e-6, "k": 1, "per": "none"}
+PER_CHOICES = ("none", "layer", "block")
 TRACE_HELP = {
     "method": "auto (exact where it can be, else Hutch++) | exact (not applicable where no exact path applies) "
               "| hutchpp | hutchinson",
@@ -35,7 +37,17 @@ TRACE_HELP = {
 MAX_EIG_HELP = {
     "iters": "maximum Lanczos steps (= full-data HVPs); integer ≥ 1",
     "tol": "stop when every wanted Ritz pair's residual ‖Hy − θy‖ is at most tol × max |θ|; > 0",
-    "k": "how many top eigenvalues to report in info (the value is the largest); integer ≥ 1"}
+    "k": "how many top eigenvalues to report in info (the value is the largest); integer ≥ 1",
+    "per": "none | layer (also λ_max of each layer's diagonal block of H: the parameters a module holds itself, "
+           "e.g. a Linear's weight and bias) | block (of each top-level child module's block: a Sequential's "
+           "items, a ResNet's stages, a transformer's blocks; parameters held by the model itself each on their "
+           "own), in info `per_layer` / `per_block`; iters and tol apply to each"}
+
+
+TRACE_RULES = {"method": ("in", TRACE_METHODS), "probes": ("min", 1), "exact_max_params": ("min", 0),
+               "rtol": ("gt", 0), "max_hvps": ("min", 1), "sketch": ("min", 0)}
+MAX_EIG_RULES = {"iters": ("min", 1), "tol": ("gt", 0), "k": ("min", 1), "per": ("in", PER_CHOICES)}
+DENSITY_RULES = {"runs": ("min", 1), "iters": ("min", 1), "grid": ("min", 2), "sigma": ("gt", 0)}
 
 
 def _setting(ctx: MeasureContext, defaults: dict[str, Any], key: str) -> Any:
@@ -53,7 +65,8 @@ def _finite(x: float | None) -> float | None:
     description="Tr H of the loss on the measurement set: exact from the Hessian diagonal for "
                 "piecewise-linear networks, smooth Sequential chains and small models, else Hutch++ to a "
                 "requested relative standard error; also per parameter tensor",
-    invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS, settings_help=TRACE_HELP)
+    invariant_to=(), cost="hessian", uses_loss=True, defaults=TRACE_DEFAULTS, settings_help=TRACE_HELP,
+    check=lambda s: setting_range("hessian_trace", s, TRACE_RULES))
 def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `method` auto (exact where it can be: the shared cached diagonal of piecewise-linear
     networks and smooth Sequential chains, else one HVP per parameter up to `exact_max_params` parameters;
@@ -115,27 +128,59 @@ def _hutchpp_output(ctx: MeasureContext, reason: str) -> MeasureOutput:
                             "stderr_per_param": {k: _finite(v) for k, v in out["stderr_per_param"].items()}}
     if ctx.loss_name == "normalized_ce":
         info["normalized_ce_tau"] = ctx.normalized_ce_tau
-    return MeasureOutput(values, info)
+    stuck = None if out["converged"] else (f"Hutch++ spent its budget of {max_hvps} HVPs at relative standard "
+                                           f"error {out['rel_stderr']:.3g} > rtol {rtol:g} (raise max_hvps)")
+    return MeasureOutput(values, info, not_converged=stuck)
 
 
 @register_measure(
     "hessian_max_eig",
     description="λ_max(H) of the loss on the measurement set by Lanczos with full reorthogonalization",
     invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False, precision="float32",
-    settings_help=MAX_EIG_HELP)
+    settings_help=MAX_EIG_HELP, check=lambda s: setting_range("hessian_max_eig", s, MAX_EIG_RULES))
 def hessian_max_eig(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `iters` (maximum Lanczos steps = full-data HVPs), `tol` (relative residual), `k` (how many
-    top eigenvalues to report in info; the value is the largest)."""
+    top eigenvalues to report in info; the value is the largest), `per` (none | layer | block: also the
+    top eigenvalue of each layer's or block's diagonal block of H, in info). Stopped by `iters` before
+    `tol`: status not_converged, with the relative residual reached."""
     k = int(_setting(ctx, MAX_EIG_DEFAULTS, "k"))
     iters = int(_setting(ctx, MAX_EIG_DEFAULTS, "iters"))
     tol = float(_setting(ctx, MAX_EIG_DEFAULTS, "tol"))
+    per = str(_setting(ctx, MAX_EIG_DEFAULTS, "per"))
     out = ctx.hessian.top_eigenvalues(k=k, iters=iters, tol=tol, generator=ctx.generator("lanczos"))
     info: dict[str, Any] = {"residual": out["residuals"][0], "iterations": out["iterations"],
                             "converged": out["converged"], "eigenvalues": out["eigenvalues"],
                             "residuals": out["residuals"], "loss": ctx.loss_name}
+    stuck = [] if out["converged"] else [_unconverged("H", out["residuals"][0], out["eigenvalues"][0], iters, tol)]
+    if per != "none":
+        blocks = ctx.hessian.block_top_eigenvalues(parameter_groups(ctx.model, per), iters=iters, tol=tol,
+                                                   generator=ctx.generator(f"lanczos_{per}"))
+        info[f"per_{per}"] = blocks
+        stuck += [_unconverged(f"{per} {name}", b["residual"], b["eigenvalue"], iters, tol)
+                  for name, b in blocks.items() if not b["converged"]]
     if ctx.loss_name == "normalized_ce":
         info["normalized_ce_tau"] = ctx.normalized_ce_tau
-    return MeasureOutput({"hessian_max_eig": out["eigenvalues"][0]}, info)
+    not_converged = "; ".join(stuck[:3]) + (f" (and {len(stuck) - 3} more)" if len(stuck) > 3 else "") if stuck \
+        else None
+    return MeasureOutput({"hessian_max_eig": out["eigenvalues"][0]}, info, not_converged=not_converged)
+
+
+def _unconverged(what: str, residual: float, value: float, iters: int, tol: float) -> str:
+    """Why a Lanczos run is not converged: the cap it stopped at and the relative residual it reached."""
+    rel = residual / max(abs(value), 1e-300)
+    return f"Lanczos on {what} stopped at iters = {iters} with relative residual {rel:.3g} > tol {tol:g} (raise iters)"
+
+
+def parameter_groups(model: Any, per: str) -> dict[str, list[str]]:
+    """The parameters by layer (each module's own parameters: `fc1` -> [fc1.weight, fc1.bias]) or by block
+    (each top-level child's parameters; a parameter the model holds itself is a group of its own), in
+    `named_parameters` order."""
+    groups: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        key = (owner or leaf) if per == "layer" else name.split(".", 1)[0]
+        groups.setdefault(key, []).append(name)
+    return groups
 
 
 DENSITY_HELP = {
@@ -152,7 +197,8 @@ DENSITY_HELP = {
                 "eigenvalue (headline), moments, extreme eigenvalues and negative mass as values, the "
                 "Gaussian-broadened density on a grid in info; asked for by name (not in `all`)",
     invariant_to=(), cost="hessian", uses_loss=True, defaults=DENSITY_DEFAULTS, stochastic=True,
-    precision="float32", settings_help=DENSITY_HELP, in_all=False)
+    precision="float32", settings_help=DENSITY_HELP, in_all=False,
+    check=lambda s: setting_range("hessian_density", s, DENSITY_RULES))
 def hessian_density(ctx: MeasureContext) -> MeasureOutput:
     """The eigenvalue distribution of H, (1/d) Σ_j δ(t − λ_j), by `runs` Lanczos quadratures of `iters` steps
     (`curvature.density`). Values: `hessian_density` the mean eigenvalue Tr H / d, `/m2` the mean squared

@@ -67,6 +67,7 @@ from torch import Tensor
 from flatbench.errors import FlatbenchError
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
+from flatbench.measures.registry import setting_range
 from flatbench.rescale import structure
 
 SOLVERS = ("exact", "published")
@@ -75,6 +76,16 @@ MS_DEFAULTS = {"rtol": 1e-14, "max_iter": 200, "solver": "exact", "published_ste
                "published_lr": 1e-3, "published_decay": 1e-3}
 """Newton stops when the decrement λ²/2 is at most rtol × the value; `solver: published` runs the
 published SGD procedure instead (module doc)."""
+MS_HELP = {
+    "rtol": "solver exact: Newton stops when its decrement λ²/2 is at most rtol × the value; > 0",
+    "max_iter": "solver exact: at most this many Newton steps; integer ≥ 1",
+    "solver": "exact (Newton on the convex problem in log α, invariant) | published (the paper's SGD, not "
+              "invariant; the variant minimum_sharpness:published)",
+    "published_steps": "solver published: SGD steps; integer ≥ 1",
+    "published_lr": "solver published: SGD learning rate; > 0",
+    "published_decay": "solver published: learning-rate decay; ≥ 0"}
+MS_RULES = {"rtol": ("gt", 0), "max_iter": ("min", 1), "solver": ("in", SOLVERS), "published_steps": ("min", 1),
+            "published_lr": ("gt", 0), "published_decay": ("min", 0)}
 
 
 @dataclass
@@ -249,7 +260,8 @@ def layer_traces(ctx: MeasureContext) -> tuple[list[str], list[float], list[floa
     description="Ibayashi et al. 2021: min over layer-wise rescalings α of Tr H (Newton in log α on the "
                 "per-layer traces of the exact diagonal)",
     invariant_to=("layer",), cost="hessian", uses_loss=True, defaults=MS_DEFAULTS,
-    variants={"published": {"solver": "published"}})
+    variants={"published": {"solver": "published"}}, settings_help=MS_HELP,
+    check=lambda s: setting_range("minimum_sharpness", s, MS_RULES))
 def minimum_sharpness(ctx: MeasureContext) -> MeasureOutput:
     """Minimum sharpness (module doc); the `published` variant is not invariant to layer rescaling."""
     if ctx.loss_name == "normalized_ce":

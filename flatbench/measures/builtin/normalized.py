@@ -103,6 +103,7 @@ from torch import Tensor
 from flatbench.errors import FlatbenchError
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+from flatbench.measures.registry import setting_range
 
 DEAD_EPS = 1e-30
 """A row / column of H or W² whose sum is ≤ DEAD_EPS × the layer's total is dead (see the module doc)."""
@@ -121,6 +122,20 @@ NS_DEFAULTS = {"rtol": 1e-10, "kkt_tol": KKT_TOL, "max_iter": 10000, "solver": "
 """Solver settings: converged when one sweep changes the layer's value by at most rtol (relative) and the
 KKT residual is at most kkt_tol; `solver: published` runs the published SGD procedure instead (module doc),
 its steps in `published_dtype` (float32: several times faster on a CPU than float64, the same value to ~1e-8)."""
+
+NS_HELP = {
+    "rtol": "solver exact: a sweep converges when it changes the layer's value by at most rtol (relative); > 0",
+    "kkt_tol": "solver exact: ... and the KKT residual (row-condition imbalance) is at most kkt_tol; > 0",
+    "max_iter": "solver exact: at most this many sweeps per layer; integer ≥ 1",
+    "solver": "exact (the convex problem solved to rtol, invariant) | published (Tsuzuku et al.'s SGD on "
+              "log σ, not invariant; the variant normalized_sharpness:published)",
+    "published_steps": "solver published: SGD steps; integer ≥ 1",
+    "published_lr": "solver published: SGD learning rate; > 0",
+    "published_decay": "solver published: learning-rate decay; ≥ 0",
+    "published_dtype": "solver published: float32 | float64, the dtype of its steps"}
+NS_RULES = {"rtol": ("gt", 0), "kkt_tol": ("gt", 0), "max_iter": ("min", 1), "solver": ("in", SOLVERS),
+            "published_steps": ("min", 1), "published_lr": ("gt", 0), "published_decay": ("min", 0),
+            "published_dtype": ("in", ("float32", "float64"))}
 
 
 # ---------------------------------------------------------------- the per-layer problem
@@ -483,7 +498,8 @@ PUBLISHED = {"published": {"solver": "published"}}
 @register_measure(
     "normalized_sharpness",
     description="Tsuzuku et al. §5: Σ_l min_{σ,σ'} Σ_ij H_ij σ_iσ'_j + W_ij²/(σ_iσ'_j), cross-entropy",
-    invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED)
+    invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="ce",
+    settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness", s, NS_RULES))
 def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
     """Normalized sharpness with the Hessian of the cross-entropy (Tsuzuku et al. §6.2's variant).
 
@@ -497,7 +513,8 @@ def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
     description="Tsuzuku et al. §5.4: normalized sharpness with the normalized-softmax cross-entropy "
                 "(flatbench's normalized_ce, τ = measure.normalized_ce_tau)",
     invariant_to=("layer", "node", "bn", "logit_scale"), cost="hessian",
-    defaults=NS_DEFAULTS, variants=PUBLISHED)
+    defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="normalized_ce",
+    settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness_nce", s, NS_RULES))
 def normalized_sharpness_nce(ctx: MeasureContext) -> MeasureOutput:
     """Normalized sharpness with the Hessian of `normalized_ce` (the paper's §6.1 choice).
 

@@ -22,6 +22,7 @@ from torch.func import functional_call
 
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+from flatbench.measures.registry import setting_range
 
 
 def _layers(ctx: MeasureContext):
@@ -70,7 +71,11 @@ def _operator_norm(layer, iters: int, tol: float, gen: torch.Generator) -> tuple
 
 
 @register_measure("spectral_norm", description="log Π_l ‖W_l‖_2² (conv layers: power iteration on the "
-                  "convolution operator)", cost="cheap", defaults={"iters": 500, "tol": 1e-7})
+                  "convolution operator)", cost="cheap", defaults={"iters": 500, "tol": 1e-7},
+                  settings_help={"iters": "power-iteration steps at most per conv layer (Linear layers: exact "
+                                          "SVD); integer ≥ 1",
+                                 "tol": "power iteration stops when ‖W‖₂² changes by at most tol (relative); > 0"},
+                  check=lambda s: setting_range("spectral_norm", s, {"iters": ("min", 1), "tol": ("gt", 0)}))
 def spectral_norm(ctx: MeasureContext) -> MeasureOutput:
     """Σ_l log ‖W_l‖_2² (a conv layer's operator norm by power iteration from a seeded start, so a scaled
     layer gives the scaled norm to rounding). Unchanged by `layer` rescaling on nets without BatchNorm

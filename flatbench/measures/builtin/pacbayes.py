@@ -15,8 +15,9 @@ Monte-Carlo perturbations per σ, stop when the mean drop is within 0.01 of the 
 the same 10 standard-normal draws z_m (common random numbers, from the run's seeded generator) are used
 at every σ, so the estimated drop is a deterministic function of σ and the search is reproducible; the
 upper end is doubled (at most `max_expansions` times) until the drop exceeds the target, and a model
-whose accuracy never drops by the target (e.g. one near chance level) raises an error that says so
-instead of returning a meaningless σ. If the tolerance is not met within the depth, σ' is the largest σ
+whose accuracy never drops by the target raises an error that says so
+instead of returning a meaningless σ; a model that does not fit its data (training accuracy below the target
+drop, or within it of chance) is not applicable, with the reason. If the tolerance is not met within the depth, σ' is the largest σ
 whose drop was at most the target (the lower end of the final bracket) and `info.met_target` is False.
 """
 
@@ -29,7 +30,8 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
+from flatbench.measures.registry import setting_range
 
 
 class SearchFailed(RuntimeError):
@@ -83,6 +85,19 @@ def accuracy_drops(ctx: MeasureContext, sigma: float, generators: list[torch.Gen
     return torch.tensor(drops, dtype=torch.float64)
 
 
+def _check_fit(ctx: MeasureContext, base: float, target: float, tol: float,
+               reached: tuple[float, float] | None = None) -> None:
+    """NotApplicable for a model that does not fit its data: training accuracy below the target drop, or
+    (`reached` = (σ, drop): the largest noise tried did not drop it by the target) within it of chance."""
+    if base < target:
+        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is below the target "
+                            f"accuracy drop {target}, so no noise level σ can be bracketed (train the model first)")
+    if reached is not None and base - 1.0 / ctx.num_classes < target + tol:
+        raise NotApplicable(f"the model does not fit its data: training accuracy {base:.4f} is within the target "
+                            f"drop {target} of chance (1/{ctx.num_classes}), and noise up to σ = {reached[0]:g} drops "
+                            f"it by only {reached[1]:.4f} (train the model first)")
+
+
 def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[float, dict[str, Any]]:
     s = ctx.settings
     target, tol = float(s["target_drop"]), float(s["tolerance"])
@@ -107,9 +122,7 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
         evaluations.append({"sigma": sigma, "drop": mean, "stderr": se})
         return mean, se
 
-    if base < target:
-        raise SearchFailed(f"{ctx.measure_name}: training accuracy {base:.4f} is below the target accuracy "
-                           f"drop {target}; no σ can be bracketed")
+    _check_fit(ctx, base, target, tol)
     lo, hi = 0.0, float(s["sigma_max"])
     d_lo, se_lo = 0.0, 0.0
     if magnitude_eps is not None:
@@ -127,6 +140,7 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
         d_hi, se_hi = drop_at(hi)
         expansions += 1
     if d_hi < target - tol:
+        _check_fit(ctx, base, target, tol, (hi, d_hi))
         raise SearchFailed(f"{ctx.measure_name}: could not bracket σ: the accuracy drop at σ = {hi:g} is "
                            f"only "
                            f"{d_hi:.4f} < target {target} (training accuracy {base:.4f}, "
@@ -165,13 +179,25 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
 
 _DEFAULTS = {"target_drop": 0.1, "tolerance": 0.01, "samples": 10, "search_depth": 15, "sigma_max": 2.0,
              "max_expansions": 10}
+_HELP = {"target_drop": "the accuracy drop σ' is searched for (Jiang et al.: 0.1); in (0, 1)",
+         "tolerance": "the search stops when the mean drop is within this of target_drop; > 0",
+         "samples": "noise draws per σ (the same draws at every σ); integer ≥ 1",
+         "search_depth": "bisection steps at most; integer ≥ 1",
+         "sigma_max": "the upper end of the first bracket [0, sigma_max]; > 0",
+         "max_expansions": "doublings of the upper end at most, while the drop there is below the target; "
+                           "integer ≥ 0",
+         "eps": "ε of the magnitude-aware noise N(0, σ²θ² + ε²); ≥ 0"}
+_RULES = {"target_drop": ("gt", 0), "tolerance": ("gt", 0), "samples": ("min", 1), "search_depth": ("min", 1),
+          "sigma_max": ("gt", 0), "max_expansions": ("min", 0), "eps": ("min", 0)}
 
 
 @register_measure(
     "pacbayes_flatness",
     description="Jiang et al. 2020 eq. 53: 1/σ'², σ' the largest σ with E_u~N(0,σ²I) acc drop ≤ 0.1 "
                 "(bisection)",
-    invariant_to=(), cost="search", defaults=dict(_DEFAULTS), stochastic=True, precision="float32")
+    invariant_to=(), cost="search", defaults=dict(_DEFAULTS), stochastic=True, precision="float32",
+    fixed_loss="accuracy (the 0-1 loss)", settings_help={k: v for k, v in _HELP.items() if k in _DEFAULTS},
+    check=lambda s: setting_range("pacbayes_flatness", s, _RULES))
 def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for isotropic Gaussian weight noise (all parameters perturbed, BatchNorm buffers fixed)."""
     sigma, info = sigma_search(ctx, None)
@@ -182,7 +208,9 @@ def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
     "pacbayes_mag_flatness",
     description="Jiang et al. 2020 eq. 61: 1/σ'² with magnitude-aware noise u_i ~ N(0, σ'²θ_i² + ε²) "
                 "(bisection)",
-    invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32")
+    invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32",
+    fixed_loss="accuracy (the 0-1 loss)", settings_help=_HELP,
+    check=lambda s: setting_range("pacbayes_mag_flatness", s, _RULES))
 def pacbayes_mag_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for magnitude-aware noise of variance σ²θ_i² + ε² (all parameters, BatchNorm buffers fixed).
 

@@ -55,6 +55,7 @@ from torch.func import jvp, vmap
 
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
+from flatbench.measures.registry import setting_range
 
 # ---------------------------------------------------------------- structure
 
@@ -342,7 +343,10 @@ def _chain_block(block: Tensor, acts: list[Tensor], pres: list[Tensor], us: list
     "psi_flatness",
     description="Yi et al. 2019: Tr of the Hessian with respect to the basis-path values "
                 "(bias-free ReLU MLPs)",
-    invariant_to=("layer", "node"), cost="hessian", uses_loss=True, defaults={"chain_batch": 16})
+    invariant_to=("layer", "node"), cost="hessian", uses_loss=True, defaults={"chain_batch": 16},
+    settings_help={"chain_batch": "basis-path chains differentiated at once (memory against speed; the value "
+                                  "does not depend on it); integer ≥ 1"},
+    check=lambda s: setting_range("psi_flatness", s, {"chain_batch": ("min", 1)}))
 def psi_flatness(ctx: MeasureContext) -> MeasureOutput:
     paths = basis_paths(ctx.model)
     result = shared.hessian_diagonal(ctx)

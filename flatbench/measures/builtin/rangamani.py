@@ -38,6 +38,7 @@ from flatbench.curvature import lanczos_operator
 from flatbench.measures import shared
 from flatbench.measures.builtin.sharpness import mean_loss
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+from flatbench.measures.registry import setting_range
 
 
 def power_iteration(matvec: Callable[[Tensor], Tensor], start: Tensor, *, tol: float, max_iter: int,
@@ -106,7 +107,11 @@ def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tup
                 "weights "
                 "(Lanczos on HVPs)",
     invariant_to=("layer", "bn"), cost="hessian", defaults={"tol": 1e-4, "max_iter": 200}, uses_loss=True,
-    exact=False, precision="float32")
+    exact=False, precision="float32",
+    settings_help={"tol": "Lanczos stops when the Ritz pair's residual is at most tol × |λ|; > 0",
+                   "max_iter": "maximum Lanczos steps (HVPs); stopped by it first: status not_converged; "
+                               "integer ≥ 1"},
+    check=lambda s: setting_range("scale_invariant_rangamani", s, {"tol": ("gt", 0), "max_iter": ("min", 1)}))
 def scale_invariant_rangamani(ctx: MeasureContext) -> MeasureOutput:
     """λ_max of the layer-norm-scaled weight Hessian over 2 + 2 L_S (see the module docstring)."""
     lam, info = scaled_top_eigenvalue(ctx, float(ctx.settings["tol"]), int(ctx.settings["max_iter"]))
@@ -114,4 +119,5 @@ def scale_invariant_rangamani(ctx: MeasureContext) -> MeasureOutput:
     info.update(lambda_max=lam, loss=loss)
     if not math.isfinite(lam):
         raise RuntimeError("scale_invariant_rangamani: the power iteration produced a non-finite eigenvalue")
-    return MeasureOutput({"scale_invariant_rangamani": lam / (2.0 + 2.0 * loss)}, info)
+    return MeasureOutput({"scale_invariant_rangamani": lam / (2.0 + 2.0 * loss)}, info,
+                         not_converged=None if info["converged"] else info["warning"])

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
+from flatbench.measures.registry import setting_range
 
 APGD_MOMENTUM = 0.75
 """Weight of the new step in APGD's momentum update (Croce & Hein 2020)."""
@@ -198,12 +199,27 @@ def _batches(ctx: MeasureContext, size: int) -> list[tuple[Tensor, Tensor]]:
 
 # ---------------------------------------------------------------- ε-sharpness (Keskar et al. 2017)
 
+SEARCH_HELP = {
+    "eps": "the box's half-width relative to |θ_i| + 1 (Keskar et al.: 1e-3); > 0",
+    "iters": "APGD steps of the search (a lower bound of the maximum; more steps, a larger value); integer ≥ 1",
+    "rho": "the radius ρ of the adaptive ball (worst case) or of the noise N(0, ρ² diag θ²) (average case); > 0",
+    "batch_size": "examples per batch: each batch gets its own perturbation (m-sharpness with m = batch_size), the "
+                  "batches are averaged; integer ≥ 1",
+    "samples": "Monte-Carlo noise draws per batch (the standard error is in info); integer ≥ 1"}
+SEARCH_RULES = {"eps": ("gt", 0), "iters": ("min", 1), "rho": ("gt", 0), "batch_size": ("min", 1),
+                "samples": ("min", 1)}
+
+
+def _help(keys: tuple[str, ...]) -> dict[str, str]:
+    return {k: SEARCH_HELP[k] for k in keys}
+
 
 @register_measure(
     "eps_sharpness",
     description="Keskar et al. 2017: 100·(max_{|z_i| ≤ ε(|θ_i|+1)} L(θ+z) − L(θ))/(1+L(θ)), APGD on the box",
     invariant_to=(), cost="search", defaults={"eps": 1e-3, "iters": 20}, uses_loss=True, exact=False,
-    precision="float32")
+    precision="float32", settings_help=_help(("eps", "iters")),
+    check=lambda s: setting_range("eps_sharpness", s, SEARCH_RULES))
 def eps_sharpness(ctx: MeasureContext) -> MeasureOutput:
     """ε-sharpness over the full parameter space (all parameters; BatchNorm buffers fixed), one
     perturbation for the whole measurement set, found by APGD (`iters` steps) on the box. The result is a
@@ -326,7 +342,8 @@ def _register_adaptive_worst_case(norm: str, symbol: str, rho: float) -> None:
                           "APGD per batch, averaged",
         invariant_to=("layer", "node", "bn"), cost="search",
         defaults={"rho": rho, "iters": 20, "batch_size": 128}, uses_loss=True, exact=False,
-        precision="float32")(measure)
+        precision="float32", settings_help=_help(("rho", "iters", "batch_size")),
+        check=lambda s: setting_range(name, s, SEARCH_RULES))(measure)
 
 
 _register_adaptive_worst_case("l2", "ℓ₂", 0.5)
@@ -339,7 +356,8 @@ _register_adaptive_worst_case("linf", "ℓ∞", 0.002)
                 "per batch",
     invariant_to=("layer", "node", "bn"), cost="gradient",
     defaults={"rho": 0.1, "samples": 20, "batch_size": 128}, uses_loss=True, stochastic=True,
-    precision="float32")
+    precision="float32", settings_help=_help(("rho", "samples", "batch_size")),
+    check=lambda s: setting_range("adaptive_sharpness_avg", s, SEARCH_RULES))
 def adaptive_sharpness_avg(ctx: MeasureContext) -> MeasureOutput:
     """Average-case adaptive sharpness (Andriushchenko et al. 2023: ρ from their ResNet grid, 20 draws
     per batch of 128). All parameters are perturbed, BatchNorm buffers are fixed. Noise comes from the
