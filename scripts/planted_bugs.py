@@ -69,15 +69,16 @@ BUGS = {
 }
 
 
-ISO = ["tests/measures/test_fuzz_plugins.py", "tests/test_isolation.py", "-k",
-       "fuzz or api or described or as_output or keyboard"]
+ISO = ["tests/measures/test_fuzz_plugins.py", "tests/measures/test_isolation_edges.py", "tests/test_isolation.py", "-k",
+       "fuzz or edges or api or described or as_output or keyboard"]
 EXIT = ["tests/test_exit_codes.py", "-k", "not stale and not executor"]
 TASKS = ["tests/test_exit_codes.py", "-k", "classify"]
-STALE = ["tests/test_exit_codes.py", "-k", "stale"]
+STALE = ["tests/measures/test_isolation_edges.py", "tests/test_exit_codes.py", "-k", "stale"]
 RULE = ["tests/measures/test_rules_and_estimates.py"]
 STATS = ["tests/analysis/test_jiang.py", "tests/analysis/test_robust.py"]
 YAML = ["tests/test_isolation.py", "-k", "duplicate"]
-TYPED = ["tests/test_isolation.py", "-k", "as_output or api or measure_model_exits"]
+TYPED = ["tests/measures/test_isolation_edges.py", "tests/test_isolation.py", "-k",
+         "edges or as_output or api or measure_model_exits"]
 
 SOURCE_BUGS: list[tuple[str, str, str, str, list[str]]] = [
     # (name, file, the line's text, its replacement, the tests to run)

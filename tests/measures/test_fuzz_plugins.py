@@ -24,7 +24,7 @@ if os.environ.get("CI"):
     import hypothesis  # CI installs the test extra: a missing Hypothesis is a failure there, never a skip
 else:
     hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import flatbench
@@ -116,6 +116,11 @@ def _freeze(m):
     m[0].weight.requires_grad_(False)
 
 
+def _last(m):
+    with torch.no_grad():
+        m[4].weight[-1, -1] += 1e-9
+
+
 def _train(m):
     m.train()
 
@@ -131,7 +136,7 @@ def _forward_in_train(m):
 
 
 MUTATIONS = {"none": lambda m: None, "scale": _scale, "noise": _noise, "buffer": _buffer, "replace": _replace,
-             "freeze": _freeze, "train": _train, "train_one": _train_one, "forward_in_train": _forward_in_train}
+             "last": _last, "freeze": _freeze, "train": _train, "train_one": _train_one, "forward_in_train": _forward_in_train}
 behaviours = st.tuples(st.sampled_from(sorted(MUTATIONS)), st.one_of(st.none(), raises), returns)
 
 
@@ -146,6 +151,11 @@ def _entries(records: dict) -> dict[str, tuple[str, dict | None]]:
 
 @FUZZ
 @given(behaviours, st.integers(0, len(BUILTIN)))
+@example(("none", None, {NAME: float("inf")}), 1)  # the cases each class hinges on, always tried
+@example(("none", None, MeasureOutput({NAME: 1.0}, {"handle": object()})), 0)
+@example(("none", None, {NAME: True}), 2)
+@example(("last", None, 1.0), 1)
+@example(("none", Custom("mine"), 1.0), 0)
 def test_a_plugin_measure_is_a_typed_entry_and_changes_no_other(own_registry, clean, behaviour, position):
     mutation, exc, returned = behaviour
     registry._REGISTRY.pop(NAME, None)  # the previous example's
@@ -169,6 +179,9 @@ def test_a_plugin_measure_is_a_typed_entry_and_changes_no_other(own_registry, cl
         assert (f"{type(exc).__name__}: " in entry["error"] or f"{type(exc).__name__}(" in entry["error"]), entry
     elif entry["status"] == "ok":
         assert NAME in entry["values"], entry
+        given = returned.values if isinstance(returned, MeasureOutput) else returned
+        given = given.values() if isinstance(given, dict) else [given]
+        assert not any(isinstance(v, (bool, np.bool_, str, bytes)) for v in given), entry  # never read as numbers
         assert all(type(v) is float and math.isfinite(v) for v in entry["values"].values()), entry
     elif entry["status"] == "non_finite":
         assert f"measure '{NAME}' gave" in entry["reason"], entry

@@ -103,3 +103,28 @@ def test_stale_is_decided_by_the_plugin_loaded_now_and_keeps_a_run_from_counting
     assert stale_reason("_versioned_unit", current) is None
     (run / "measures.json").write_text(json.dumps({"_versioned_unit": current}))
     assert _measure_state(run, ["_versioned_unit"]) == (True, None, [])
+
+
+def test_a_bool_is_never_a_value_bare_in_a_dict_or_in_a_measure_output():
+    import numpy as np
+    import pytest
+
+    from flatbench.measures.registry import MeasureOutput, MeasureOutputError, as_output
+
+    for bad in (True, {"m": True}, {"m": 1.0, "m/x": False}, {"m": np.bool_(False)},
+                MeasureOutput({"m": True}), torch.tensor(True), {"m": torch.tensor(False)}):
+        with pytest.raises(MeasureOutputError, match="measure 'm'"):
+            as_output(bad, "m")
+
+
+def test_nan_and_inf_are_non_finite_and_info_json_cannot_hold_is_an_error(own_registry):
+    from flatbench.measures.registry import MeasureOutput
+
+    for name, value in (("_inf", float("inf")), ("_ninf", -float("inf")), ("_nan", float("nan"))):
+        flatbench.register_measure(name, description="a non-finite value")(lambda ctx, v=value: {ctx.measure_name: v})
+    flatbench.register_measure("_handle", description="info JSON cannot hold")(
+        lambda ctx: MeasureOutput({"_handle": 1.0}, {"handle": object()}))
+    records = measure_records(_model(), _data(), ["_inf", "_ninf", "_nan", "_handle"])
+    for name in ("_inf", "_ninf", "_nan"):
+        assert records[name]["status"] == "non_finite" and f"gave {name} = " in records[name]["reason"], records[name]
+    assert records["_handle"]["status"] == "error" and "JSON cannot hold" in records["_handle"]["error"]
