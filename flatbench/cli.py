@@ -6,7 +6,9 @@ status, cluster); they import those (and torch) only when they run, so `flatbenc
 Errors the user can fix (`FlatbenchError`, and file-system errors such as an unwritable `--out`) are
 printed as one line on stderr with exit code 2; nothing that already finished is touched. `measure`,
 `measure-model` and `run` exit 0 only when every entry asked for is ok or not applicable, and 1 when an
-entry failed (each listed on stderr in one line: model, entry, reason). A preempted
+entry failed (each listed on stderr in one line: model, entry, reason) or runs asked to be measured are not
+trained yet (named in one line; `run` leaves out runs another live process is training); `--executor`
+tasks fail the same way, and `--wait` exits with the same codes (docs/guide/bad-input.md). A preempted
 training (SIGTERM/SIGUSR1/SIGUSR2) exits with 143 after its last checkpoint, ready to be resumed by the
 same command; Ctrl-C exits with 130 the same way.
 
