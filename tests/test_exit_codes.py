@@ -160,16 +160,16 @@ def test_an_edited_plugin_makes_its_entries_stale_in_status_and_the_report_and_m
     plugin.write_text("VERSION = 2.0\n" + STALE_PLUGIN)  # edited: every stored entry is of the old file
     state = json.loads(in_process("status", str(exp), "--json").stdout)
     assert state["stale_entries"] == 3 and state["runs"][run.name]["stale_entries"] == ["versioned"]
-    text = cli("status", str(exp)).stdout
+    text = in_process("status", str(exp)).stdout
     assert "stale: 3 measure entries of an edited plugin" in text
-    report = cli("report", str(exp), "--quiet", "--plugin", str(plugin))
+    report = in_process("report", str(exp), "--quiet", "--plugin", str(plugin))
     assert report.returncode == 0, report.stderr
     warnings = [line for line in report.stdout.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 1 and "3 entries of versioned left out: stale" in warnings[0], report.stdout
     assert "versioned" not in (exp / "correlations.csv").read_text()
-    again = cli("measure", str(exp), "--device", "cpu", "--plugin", str(plugin), "--measures", "versioned")
+    again = in_process("measure", str(exp), "--device", "cpu", "--plugin", str(plugin), "--measures", "versioned")
     assert again.returncode == 0, again.stderr
     assert json.loads((run / "measures.json").read_text())["versioned"]["values"] == {"versioned": 2.0}
     assert json.loads(in_process("status", str(exp), "--json").stdout)["stale_entries"] == 0
-    fresh = cli("report", str(exp), "--quiet", "--plugin", str(plugin))
+    fresh = in_process("report", str(exp), "--quiet", "--plugin", str(plugin))
     assert "warning: " not in fresh.stdout and "versioned" in (exp / "correlations.csv").read_text()
