@@ -255,6 +255,8 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     if dtype not in ("float64", "float32"):
         raise FlatbenchError(f"--dtype must be float64 or float32, got {dtype!r}")
     ds = load_dataset(DataConfig(dataset=data), seed)
+    if n_examples is not None and n_examples > ds.n_train:  # refused, never silently capped (as in studies)
+        raise FlatbenchError(f"n_examples={n_examples} is more than the {ds.n_train} training examples of {data}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_from_factory(factory, ds.input_shape, ds.num_classes)

@@ -6,7 +6,9 @@ status, cluster); they import those (and torch) only when they run, so `flatbenc
 Errors the user can fix (`FlatbenchError`, and file-system errors such as an unwritable `--out`) are
 printed as one line on stderr with exit code 2; nothing that already finished is touched. `measure`,
 `measure-model` and `run` exit 0 only when every entry asked for is ok or not applicable, and 1 when an
-entry failed (each listed on stderr in one line: model, entry, reason). A preempted
+entry failed (each listed on stderr in one line: model, entry, reason) or runs asked to be measured are not
+trained yet (named in one line; `run` leaves out runs another live process is training); `--executor`
+tasks fail the same way, and `--wait` exits with the same codes (docs/guide/bad-input.md). A preempted
 training (SIGTERM/SIGUSR1/SIGUSR2) exits with 143 after its last checkpoint, ready to be resumed by the
 same command; Ctrl-C exits with 130 the same way.
 
@@ -87,7 +89,14 @@ def _with_workers(overrides: tuple[str, ...], workers: int | None) -> tuple[str,
 
 
 def _names(measures: str | None) -> list[str] | None:
-    return [m.strip() for m in measures.split(",") if m.strip()] if measures else None
+    """--measures as names; None when not given (the config's). Given but naming nothing is refused."""
+    if measures is None:
+        return None
+    names = [m.strip() for m in measures.split(",") if m.strip()]
+    if not names:
+        raise FlatbenchError(f"--measures {measures!r} names no measure: give measure names, comma-separated "
+                             "(`flatbench list-measures`), or leave the option out for the configured ones")
+    return names
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -102,15 +111,18 @@ def cli(ctx: click.Context) -> None:
         click.echo(ctx.get_help())
 
 
-def _submit(study: Any, stage: str, kw: dict, device: str, shard: str | None = None, **extra: Any) -> None:
-    """The --executor branch shared by run, train and measure."""
+def _submit(study: Any, stage: str, kw: dict, device: str, shard: str | None = None, **extra: Any) -> list[str]:
+    """The --executor branch shared by run, train and measure. Returns what the tasks left undone without
+    bad input (failed entries, runs not trained), one line each, for an exit 1 after the report; damage or a
+    task that failed otherwise raises (exit 2)."""
     # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.cluster import ClusterOptions, submit_and_report
     from flatbench.study.spec import parse_shard
 
     opts = ClusterOptions(**{k: kw[k] for k in CLUSTER_KEYS})
-    submit_and_report(study, kw["executor"], opts, stage=stage, device=device, shard=parse_shard(shard),
-                      wait=kw["wait"], echo=_echo, **extra)
+    sub = submit_and_report(study, kw["executor"], opts, stage=stage, device=device, shard=parse_shard(shard),
+                            wait=kw["wait"], echo=_echo, **extra)
+    return sub.incomplete
 
 
 @cli.command()
@@ -134,15 +146,17 @@ def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, q
     study = with_plugins(study_from_target(config, _with_workers(overrides, workers), out=out), plugins)
     chosen = check_study(study, _names(measures))
     if kw["executor"]:
-        _submit(study, "run", kw, device, measures=_names(measures))
+        incomplete = _submit(study, "run", kw, device, measures=_names(measures))
         if kw["wait"]:
             report_study([study.exp_dir], echo=_echo)
+        _exit_incomplete(incomplete)
         return
     dev = resolve_device(device)
     outcome = train_study(study, dev, quiet=quiet, echo=_echo, checked=True)
     counts = measure_study(study, dev, names=_names(measures), quiet=quiet, echo=_echo, chosen=chosen)
     report_study([study.exp_dir], echo=_echo, quiet=quiet)
-    _exit_on_failures(outcome, counts)
+    # a run another live process trains (locked) is that process's to measure: not a failure of this one
+    _exit_on_failures(outcome, counts, [rid for rid in counts.not_trained_ids if rid not in outcome.locked])
 
 
 @cli.command()
@@ -190,13 +204,13 @@ def measure(target: str, overrides: tuple[str, ...], out: str | None, device: st
         raise FlatbenchError(f"experiment folder {study.exp_dir} does not exist: train the study first "
                              f"(`flatbench train {target}`)")
     if kw["executor"]:
-        _submit(study, "measure", kw, device, shard, measures=_names(measures), force=force)
+        _exit_incomplete(_submit(study, "measure", kw, device, shard, measures=_names(measures), force=force))
         return
     counts = measure_study(study, resolve_device(device), names=_names(measures), force=force,
                            shard=parse_shard(shard), quiet=quiet, echo=_echo)
     _echo(f"measured {counts.measured} models ({counts.not_trained} runs not trained yet, "
           f"{counts.errors} failed measure entries) -> {study.exp_dir}")
-    _exit_on_failures(None, counts)
+    _exit_on_failures(None, counts, counts.not_trained_ids)
 
 
 @cli.command()
@@ -453,10 +467,11 @@ def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples
         _exit_failed(len(failed))
 
 
-def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None) -> None:
+def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None, untrained: list[str] | tuple = ()) -> None:
     """The exit code a scheduler can trust. Runs that failed to train or models that could not be measured
     (damage) exit 2 in one line; measure entries that failed (error, non_finite) are listed one per line on
-    stderr (model, entry, reason) and exit 1; everything else done is kept."""
+    stderr (model, entry, reason) and exit 1, and so do runs asked to be measured that are not trained yet
+    (`untrained`, named in one line); everything else done is kept."""
     problems = []
     if outcome and outcome.failed:
         problems.append(f"{len(outcome.failed)} run(s) failed to train: {', '.join(outcome.failed)} "
@@ -468,8 +483,18 @@ def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None) -> None:
     _list_failed(failed)
     if problems:
         raise FlatbenchError("; ".join(problems))
-    if failed:
-        _exit_failed(len(failed))
+    if failed or untrained:
+        _exit_failed(len(failed), untrained)
+
+
+def _exit_incomplete(lines: list[str]) -> None:
+    """Exit 1 after an --executor submission whose tasks left entries or runs undone (one line each)."""
+    for line in lines:
+        click.echo(f"failed: {one_line(line)[:300]}", err=True)
+    if lines:
+        click.echo(f"error: {len(lines)} task(s) or run(s) left measure entries undone (listed above; everything "
+                   "done is kept)", err=True)
+        sys.exit(1)
 
 
 def _list_failed(failed: list[tuple[str, str, str]]) -> None:
@@ -478,10 +503,20 @@ def _list_failed(failed: list[tuple[str, str, str]]) -> None:
         click.echo(f"failed: {one_line(label)} {one_line(key)}: {one_line(reason)[:200]}", err=True)
 
 
-def _exit_failed(n: int) -> None:
-    """Exit 1: the stage ran, and `n` entries asked for failed (listed above)."""
-    click.echo(f"error: {n} measure entr{'y' if n == 1 else 'ies'} failed (listed above; the other entries "
-               "are kept)", err=True)
+def untrained_text(untrained: list[str] | tuple) -> str:
+    """Runs asked to be measured that are not trained yet, in one line (the first ten named)."""
+    shown = ", ".join(untrained[:10]) + (f", ... ({len(untrained) - 10} more)" if len(untrained) > 10 else "")
+    return (f"{len(untrained)} run(s) not trained yet, nothing measured on them: {shown} (train them first: "
+            "`flatbench train`; `flatbench status` shows progress)")
+
+
+def _exit_failed(n: int, untrained: list[str] | tuple = ()) -> None:
+    """Exit 1: the stage ran, and `n` entries asked for failed (listed above) or runs asked for are not
+    trained yet (named here)."""
+    parts = [f"{n} measure entr{'y' if n == 1 else 'ies'} failed (listed above; the other entries are kept)"] if n else []
+    if untrained:
+        parts.append(untrained_text(list(untrained)))
+    click.echo(f"error: {one_line('; '.join(parts))}", err=True)
     sys.exit(1)
 
 

@@ -1,18 +1,27 @@
-"""Plant each bug of issue 21's "bugs the suite does not catch", one at a time, and check that a test fails.
+"""Plant plausible one-line bugs, one at a time, and check that the relevant tests fail.
 
-    python scripts/planted_bugs.py            # one line per bug: the test run and whether it failed
+    python scripts/planted_bugs.py                  # both rounds: one line per bug, caught or MISSED
+    python scripts/planted_bugs.py --round 30       # issue 30's round only (scripts/planted_bugs_round30.txt)
+    python scripts/planted_bugs.py --round 30 --only isolation   # the bugs whose name holds a word
 
-Every bug is planted by monkeypatching inside the pytest process (a plugin module written to a temporary
-folder), never by editing a source file, so the working tree is never left with a bug in it.
+Round 21 (issue 21's "bugs the suite does not catch") plants each bug by monkeypatching inside the pytest
+process (a plugin module written to a temporary folder). Round 30 (issue 30: the code that moved:
+isolation, typed outputs, strict YAML, exit codes, stale plugins, the check-measure rule, the statistics,
+several-batch estimates, Lanczos residuals) edits one line of a *copy* of the source tree (the line must
+occur exactly once) and runs the named tests in that copy. Neither ever edits the working tree.
+A bug is caught when pytest reports a failure or an error (exit code 1 or 2 after collection).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +69,149 @@ BUGS = {
 }
 
 
-def main() -> int:
+ISO = ["tests/measures/test_fuzz_plugins.py", "tests/measures/test_isolation_edges.py", "tests/test_isolation.py", "-k",
+       "fuzz or edges or api or described or as_output or keyboard"]
+EXIT = ["tests/test_exit_codes.py", "-k", "not stale and not executor"]
+TASKS = ["tests/test_exit_codes.py", "-k", "classify"]
+STALE = ["tests/measures/test_isolation_edges.py", "tests/test_exit_codes.py", "-k", "stale"]
+RULE = ["tests/measures/test_rules_and_estimates.py"]
+STATS = ["tests/analysis/test_jiang.py", "tests/analysis/test_robust.py"]
+YAML = ["tests/test_isolation.py", "-k", "duplicate"]
+TYPED = ["tests/measures/test_isolation_edges.py", "tests/test_isolation.py", "-k",
+         "edges or as_output or api or measure_model_exits"]
+
+SOURCE_BUGS: list[tuple[str, str, str, str, list[str]]] = [
+    # (name, file, the line's text, its replacement, the tests to run)
+    ("isolation: only the top module's mode is fingerprinted", "flatbench/measures/isolation.py",
+     'modes = {n or "(model)": m.training for n, m in model.named_modules(remove_duplicate=False)}',
+     'modes = {"(model)": model.training}', ISO),
+    ("isolation: a tensor's fingerprint hashes its first bytes only", "flatbench/measures/isolation.py",
+     "raw = data.cpu().numpy().tobytes() if data.numel() else b\"\"",
+     "raw = data[:16].cpu().numpy().tobytes() if data.numel() else b\"\"", ISO),
+    ("isolation: the model is not put back when the measure also raised", "flatbench/measures/isolation.py",
+     "    if change:\n        guard.restore(model)", "    if change and error is None:\n        guard.restore(model)", ISO),
+    ("isolation: Ctrl-C leaves the changed model", "flatbench/measures/isolation.py",
+     "    except KeyboardInterrupt:\n        guard.restore(model)", "    except KeyboardInterrupt:\n        pass", ISO),
+    ("isolation: buffers are not fingerprinted", "flatbench/measures/isolation.py",
+     'tensors.update({f"buffer {n}": _tensor_digest(b) for n, b in model.named_buffers(remove_duplicate=False)',
+     'tensors.update({f"buffer {n}": _tensor_digest(b) for n, b in [][:0]', ISO),
+    ("isolation: requires_grad is not put back", "flatbench/measures/isolation.py",
+     "                p.requires_grad_(self.grads[name])", "                pass", ISO),
+    ("timeout: a timer of whole seconds (0.5 s never fires)", "flatbench/measures/isolation.py",
+     "signal.setitimer(signal.ITIMER_REAL, float(seconds))", "signal.setitimer(signal.ITIMER_REAL, float(int(seconds)))",
+     ISO),
+    ("timeout: MeasureTimeout an Exception (a measure's except swallows it)", "flatbench/measures/isolation.py",
+     "class MeasureTimeout(BaseException):", "class MeasureTimeout(Exception):", ISO),
+    ("isolation: the cache of a changed model is kept", "flatbench/measures/runner.py",
+     "        ctx.cache.clear()  # anything cached", "        pass  # anything cached", ISO),
+    ("typed: a bool is a number", "flatbench/measures/registry.py",
+     "if isinstance(value, (bool, np.bool_, str, bytes)):", "if isinstance(value, (np.bool_, str, bytes)):", TYPED),
+    ("typed: the headline key is not required", "flatbench/measures/registry.py",
+     "    if name not in values:", "    if not values:", TYPED),
+    ("typed: inf is finite", "flatbench/measures/runner.py",
+     "bad = [(key, value) for key, value in values.items() if not math.isfinite(value)]",
+     "bad = [(key, value) for key, value in values.items() if math.isnan(value)]", ISO),
+    ("typed: info is not checked for JSON", "flatbench/measures/runner.py",
+     "    problem = json_problem(out.info)", "    problem = json_problem(out.values)", ISO),
+    ("exit codes: measure-model counts only errors as failed", "flatbench/cli.py",
+     'failed = df[df["status"].isin(["error", "non_finite"])]', 'failed = df[df["status"].isin(["error"])]', TYPED),
+    ("exit codes: runs not trained are not passed on", "flatbench/cli.py",
+     "    _exit_on_failures(None, counts, counts.not_trained_ids)", "    _exit_on_failures(None, counts)", EXIT),
+    ("exit codes: untrained runs alone exit 0", "flatbench/cli.py",
+     "    if failed or untrained:", "    if failed:", EXIT),
+    ("exit codes: a finished run without model.pt is not trained", "flatbench/store.py",
+     "    if not finished:\n        return None", "    if finished:\n        return None", EXIT),
+    ("exit codes: a task's untrained runs are those another task holds", "flatbench/study/cluster.py",
+     "untrained = [rid for rid in counts.not_trained_ids if rid not in locked]",
+     "untrained = [rid for rid in counts.not_trained_ids if rid in locked]", TASKS),
+    ("exit codes: a task's entry failures read as damage", "flatbench/study/cluster.py",
+     '            return 1, line.split("EntriesFailed: ", 1)[1]', '            return 2, line.split("EntriesFailed: ", 1)[1]',
+     TASKS),
+    ("exit codes: --measures '' means the config's", "flatbench/cli.py",
+     "    if not names:\n        raise FlatbenchError(f\"--measures", "    if not names:\n        return None\n        raise FlatbenchError(f\"--measures",
+     EXIT),
+    ("strict yaml: a duplicate key is looked up, never recorded", "flatbench/strict_yaml.py",
+     "                seen[key] = key_node.start_mark.line", "                seen.setdefault(None, 0)", YAML),
+    ("stale: compared by the plugin's path, not its hash", "flatbench/measures/runner.py",
+     'return record.get("sha256", "unknown") if isinstance(record, dict) else record',
+     'return record.get("source", "unknown") if isinstance(record, dict) else record', STALE),
+    ("stale: an edited plugin's entries still count as current", "flatbench/measures/stale.py",
+     "    if current is None or stored == current:", "    if current is None or stored:", STALE),
+    ("stale: the recorded file is hashed before the loaded plugin", "flatbench/measures/stale.py",
+     "    if spec.origin == \"builtin\":\n        return None\n    return spec.origin_sha256",
+     "    if spec.origin == \"builtin\":\n        return None\n    return _file_sha256(source) or spec.origin_sha256", STALE),
+    ("stale: status counts stale entries as measured", "flatbench/study/status.py",
+     "in (*DONE, *FAILED) and k not in stale for k in keys)", "in (*DONE, *FAILED) for k in keys)", STALE),
+    ("rule: the relative change of small values is absolute", "flatbench/measures/contract.py",
+     "return abs(v1 - v0) / max(abs(v0), 1e-300)", "return abs(v1 - v0) / max(abs(v0), 1.0)", RULE),
+    ("rule: a stochastic exact measure gets the exact tolerance", "flatbench/measures/contract.py",
+     "    if spec.stochastic:\n        return STOCHASTIC_RTOL", "    if spec.stochastic and not spec.exact:\n        return STOCHASTIC_RTOL",
+     RULE),
+    ("rule: the standard errors add instead of in quadrature", "flatbench/measures/contract.py",
+     "allowed = STDERRS * math.hypot(stderr_of(before, spec.name), stderr_of(after, spec.name))",
+     "allowed = STDERRS * (stderr_of(before, spec.name) + stderr_of(after, spec.name))", RULE),
+    ("rule: a variant declares its base's invariances", "flatbench/measures/contract.py",
+     "declared = family in spec.invariant_to and not spec.base", "declared = family in spec.invariant_to", RULE),
+    ("rule: twice the tolerance passes", "flatbench/measures/contract.py",
+     "    ok = rel <= tol\n", "    ok = rel <= 2 * tol\n", RULE),
+    ("estimates: per-batch weights not squared in the variance", "flatbench/measures/builtin/sharpness.py",
+     "variance += weight ** 2 * float(d.var(unbiased=True)) / samples",
+     "variance += weight * float(d.var(unbiased=True)) / samples", RULE),
+    ("estimates: the Lanczos residual from the first row", "flatbench/curvature/lanczos.py",
+     "resid = beta * evecs[-1, order].abs()", "resid = beta * evecs[0, order].abs()", RULE),
+    ("stats: Ψ averages an undefined ψ as 0", "flatbench/analysis/stats/jiang.py",
+     "np.where(ok, stack, 0.0).sum(axis=0) / np.maximum(ok.sum(axis=0), 1)",
+     "np.where(ok, stack, 0.0).sum(axis=0) / stack.shape[0]", STATS),
+    ("stats: CMI counts ordered pairs in diagonal cells", "flatbench/analysis/stats/jiang.py",
+     "unordered = np.where(is_diag, per_cell / 2, per_cell)", "unordered = per_cell", STATS),
+    ("stats: CMI merges ties in the measure with one order", "flatbench/analysis/stats/jiang.py",
+     "vm = (np.sign(x[:, self.i] - x[:, self.j]) + 1).astype(np.int64)",
+     "vm = (2 * (x[:, self.i] > x[:, self.j])).astype(np.int64)", STATS),
+    ("stats: the worst sign error is the mean", "flatbench/analysis/stats/robust.py",
+     "return chosen.mean(axis=1), chosen.max(axis=1)", "return chosen.mean(axis=1), chosen.mean(axis=1)", STATS),
+    ("stats: a tied pair is a full sign error", "flatbench/analysis/stats/robust.py",
+     "return np.where(sm == 0, 0.5, (sm != sg[None, :]).astype(float))",
+     "return np.where(sm == 0, 1.0, (sm != sg[None, :]).astype(float))", STATS),
+]
+
+COPY_IGNORE = shutil.ignore_patterns(".git", "results", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
+                                     "docs", "examples")
+
+
+def plant_source(bug: tuple[str, str, str, str, list[str]]) -> tuple[bool, str]:
+    """Plant one source bug in a copy of the tree and run its tests there: (caught, pytest's last line)."""
+    name, rel, old, new, tests = bug
+    with tempfile.TemporaryDirectory(prefix="flatbench-plant30-") as tmp:
+        copy = Path(tmp) / "tree"
+        shutil.copytree(ROOT, copy, ignore=COPY_IGNORE)
+        path = copy / rel
+        text = path.read_text()
+        if text.count(old) != 1:
+            return False, f"NOT PLANTED: the line occurs {text.count(old)} times in {rel}"
+        path.write_text(text.replace(old, new))
+        env = {**os.environ, "PYTHONPATH": str(copy), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1"}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore",
+                                 *tests], cwd=copy, env=env, capture_output=True, text=True)
+        last = (result.stdout.strip().splitlines() or [""])[-1]
+        return result.returncode in (1, 2) and "no tests ran" not in last, last
+
+
+def round_30(only: str | None) -> int:
+    missed = planted = 0
+    for bug in SOURCE_BUGS:
+        if only and only not in bug[0]:
+            continue
+        start = time.monotonic()
+        caught, last = plant_source(bug)
+        planted += 1
+        missed += not caught
+        print(f"{'caught' if caught else 'MISSED'}: {bug[0]} ({bug[1]}; {' '.join(bug[4])}) -> {last} "
+              f"[{time.monotonic() - start:.0f} s]", flush=True)
+    print(f"round 30: {planted} planted, {planted - missed} caught, {missed} missed", flush=True)
+    return missed
+
+
+def round_21() -> int:
     plugins = Path(tempfile.mkdtemp(prefix="flatbench-plant-"))
     missed = 0
     for i, (bug, (tests, code)) in enumerate(BUGS.items()):
@@ -77,6 +228,19 @@ def main() -> int:
         missed += not caught
         last = (result.stdout.strip().splitlines() or [""])[-1]
         print(f"{'caught' if caught else 'MISSED'}: {bug}: {tests} -> {last}")
+    return missed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--round", choices=["21", "30", "all"], default="all")
+    parser.add_argument("--only", default=None, help="Round 30: only the bugs whose name holds this text.")
+    args = parser.parse_args()
+    missed = 0
+    if args.round in ("21", "all"):
+        missed += round_21()
+    if args.round in ("30", "all"):
+        missed += round_30(args.only)
     return 1 if missed else 0
 
 

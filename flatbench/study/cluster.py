@@ -33,7 +33,7 @@ from typing import Any
 
 from flatbench.config import parse_study
 from flatbench.errors import ConfigError, Echo, FlatbenchError
-from flatbench.store import is_finished, run_dir
+from flatbench.store import is_finished, missing_model, run_dir
 from flatbench.study.measure import measure_study
 from flatbench.study.spec import save_study, shard_runs
 from flatbench.study.train import train_study
@@ -61,6 +61,29 @@ def _checkpointable_base() -> type:
     except ImportError:
         return object
     return Checkpointable
+
+
+class EntriesFailed(Exception):
+    """An array task whose stage ran but left something asked for undone without bad input: measure entries
+    that failed (error, non_finite) or runs not trained yet. The task fails (the scheduler shows it), and
+    `--wait` exits 1, not 2 (damage and bad input are `FlatbenchError`: exit 2). Its message is one line."""
+
+
+def check_measured(counts: Any, locked: list[str] | tuple = ()) -> None:
+    """Raise what a task's measure pass must tell its scheduler: damage (a model that could not be measured)
+    as a FlatbenchError, failed entries and runs not trained (other than those another task holds,
+    `locked`) as `EntriesFailed`; nothing when everything asked for was computed."""
+    if counts.failed_runs:
+        rid, why = next(iter(counts.failed_runs.items()))
+        raise FlatbenchError(f"{len(counts.failed_runs)} model(s) could not be measured ({rid}: {why})")
+    untrained = [rid for rid in counts.not_trained_ids if rid not in locked]
+    parts = [f"{label} {key}: {reason}" for label, key, reason in counts.failed_entries[:5]]
+    if counts.failed_entries:
+        parts[0] = f"{len(counts.failed_entries)} measure entries failed: {parts[0]}"
+    if untrained:
+        parts.append(f"{len(untrained)} run(s) not trained yet: {', '.join(untrained[:10])}")
+    if parts:
+        raise EntriesFailed(" | ".join(" ".join(str(p).split()) for p in parts))
 
 
 @dataclass
@@ -111,6 +134,7 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
                 counts = measure_study(study, device, names=self.measures, force=self.force, quiet=True,
                                        echo=echo, run_ids=self.run_ids)
                 echo(f"measured {counts.measured} runs ({counts.not_trained} not trained yet)")
+                check_measured(counts)
                 return TaskResult(measured=counts)
             outcome = train_study(study, device, quiet=True, echo=echo, run_ids=self.run_ids)
         except Preempted as exc:
@@ -128,6 +152,8 @@ class StudyTask(_checkpointable_base()):  # type: ignore[misc]
         if outcome.failed:
             raise FlatbenchError(f"{len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)} "
                                  "(see their run.json)")
+        if result.measured is not None:
+            check_measured(result.measured, outcome.locked)
         return result
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -198,6 +224,13 @@ class Submission:
     jobs: list
     tasks: list[list[str]]
     log_dir: Path
+    untrained: list[str] = field(default_factory=list)
+    """Stage measure: runs of the study (or shard) not trained yet, so not submitted."""
+    damaged: dict[str, str] = field(default_factory=dict)
+    """Stage measure: finished runs that cannot be measured (model.pt missing), not submitted: exit 2."""
+    incomplete: list[str] = field(default_factory=list)
+    """After `--wait`: what the tasks left undone without bad input (failed entries, runs not trained), one
+    line each (the CLI exits 1)."""
 
     @property
     def job_id(self) -> str:
@@ -279,8 +312,12 @@ def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, 
         raise ValueError(f"unknown stage {stage!r}")
     tasks = chunk_runs(todo, opts.runs_per_task)
     log_dir = (study.exp_dir / executor).resolve()
+    unfinished = [rid for rid, _ in runs if stage == "measure" and not is_finished(run_dir(study.exp_dir, rid))]
+    damaged = {rid: missing_model(run_dir(study.exp_dir, rid)) for rid in unfinished}
+    damaged = {rid: why for rid, why in damaged.items() if why}  # finished without model.pt: damage, not untrained
+    untrained = [rid for rid in unfinished if rid not in damaged]
     if not tasks:
-        return Submission(executor, [], [], log_dir)
+        return Submission(executor, [], [], log_dir, untrained=untrained, damaged=damaged)
     log_dir.mkdir(parents=True, exist_ok=True)
     ex = make_executor(executor, log_dir, f"flatbench-{stage}-{study.name}", opts)
     out = str(Path(study.out).resolve())
@@ -290,7 +327,7 @@ def submit_study(study: Any, executor: str, opts: ClusterOptions | None = None, 
     with ex.batch():  # one job array on Slurm
         for ids in tasks:
             jobs.append(ex.submit(StudyTask(stage, raw, study.name, out, ids, device, measures, force)))
-    return Submission(executor, jobs, tasks, log_dir)
+    return Submission(executor, jobs, tasks, log_dir, untrained=untrained, damaged=damaged)
 
 
 def submit_and_report(study: Any, executor: str, opts: ClusterOptions, *, stage: str, device: str,
@@ -303,8 +340,14 @@ def submit_and_report(study: Any, executor: str, opts: ClusterOptions, *, stage:
     """
     sub = submit_study(study, executor, opts, stage=stage, device=device, shard=shard, measures=measures,
                        force=force)
+    if sub.untrained:
+        echo(f"not submitted: {len(sub.untrained)} run(s) not trained yet: {', '.join(sub.untrained[:10])}"
+             + (", ..." if len(sub.untrained) > 10 else ""))
     if not sub.jobs:
+        _raise_damaged(sub)
         echo(f"nothing to submit: no run to {stage} in {study.exp_dir}")
+        if sub.untrained:  # measuring was asked for and nothing can be: never a silent exit 0
+            sub.incomplete.append(f"{len(sub.untrained)} run(s) not trained yet: {', '.join(sub.untrained[:10])}")
         return sub
     n_runs = sum(len(t) for t in sub.tasks)
     if executor == "slurm":
@@ -319,13 +362,46 @@ def submit_and_report(study: Any, executor: str, opts: ClusterOptions, *, stage:
         echo(f"when it shows all {n_runs} run(s) finished and measured, write the report with: "
              f"flatbench report {study.exp_dir}")
     if wait:
-        failures = []
-        for job, ids in zip(sub.jobs, sub.tasks):
-            try:
-                job.result()
-            except Exception as exc:  # noqa: BLE001 - report every task
-                failures.append(f"task {job.job_id} ({', '.join(ids)}): {str(exc).strip().splitlines()[-1]}")
-        if failures:
-            raise FlatbenchError(f"{len(failures)} task(s) failed: " + "; ".join(failures))
-        echo(f"all {len(sub.tasks)} task(s) finished")
+        _wait_for(sub, echo)
+    _raise_damaged(sub)
     return sub
+
+
+def _raise_damaged(sub: Submission) -> None:
+    """Damage found while submitting (a finished run without its model.pt): exit 2, named in one line, after
+    the other runs were submitted."""
+    if sub.damaged:
+        rid, why = next(iter(sub.damaged.items()))
+        raise FlatbenchError(f"{len(sub.damaged)} model(s) could not be measured ({rid}: {why})")
+
+
+def task_error(exc: BaseException) -> tuple[int, str]:
+    """(exit code, one line) of a task that raised, from submitit's error (which carries the task's
+    traceback as text): 1 for `EntriesFailed` (entries or runs left undone), 2 for anything else."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "EntriesFailed: " in line:
+            return 1, line.split("EntriesFailed: ", 1)[1]
+    errors = [line for line in lines if ": " in line and line.split(":", 1)[0].split(".")[-1].endswith(
+        ("Error", "Exception", "Exit", "Interrupt", "Preempted"))]
+    return 2, (errors[-1] if errors else (lines[-1] if lines else type(exc).__name__))
+
+
+def _wait_for(sub: Submission, echo: Echo) -> None:
+    """Block until every task has ended: damage or a crash in any task raises (exit 2); tasks that left
+    entries or runs undone go to `sub.incomplete` (exit 1), with the runs not submitted because untrained."""
+    failures = []
+    for job, ids in zip(sub.jobs, sub.tasks):
+        try:
+            job.result()
+        except Exception as exc:  # noqa: BLE001 - report every task
+            code, line = task_error(exc)
+            text = f"task {job.job_id} ({', '.join(ids)}): {line}"
+            (sub.incomplete if code == 1 else failures).append(text)
+    if failures:
+        raise FlatbenchError(f"{len(failures)} task(s) failed: " + "; ".join(failures))
+    if sub.untrained:
+        sub.incomplete.append(f"{len(sub.untrained)} run(s) not trained yet: {', '.join(sub.untrained[:10])}")
+    done = len(sub.tasks) - sum(1 for line in sub.incomplete if line.startswith("task "))
+    echo(f"all {len(sub.tasks)} task(s) ended ({done} with everything asked for done)"
+         if sub.incomplete else f"all {len(sub.tasks)} task(s) finished")

@@ -47,6 +47,8 @@ class MeasureCounts:
     measured: int = 0
     """Models (final or snapshot) measured or found complete."""
     not_trained: int = 0
+    not_trained_ids: list[str] = field(default_factory=list)
+    """The runs counted in `not_trained` (nothing was measured on them: `measure` exits 1 naming them)."""
     errors: int = 0
     """Measure entries that failed."""
     failed_runs: dict[str, str] = field(default_factory=dict)
@@ -140,6 +142,7 @@ def _targets(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | N
             continue
         if info is None or info.get("status") != "finished":
             counts.not_trained += 1
+            counts.not_trained_ids.append(rid)
             continue
         targets.extend(measure_targets(path, snapshots=study.measure.snapshots, info=info))
     return targets

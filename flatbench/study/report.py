@@ -15,6 +15,7 @@ from flatbench.config import ReportConfig
 from flatbench.errors import ConfigError, FlatbenchError
 from flatbench.measures.keys import parse_key
 from flatbench.measures.registry import get_measure
+from flatbench.measures.stale import drop_stale
 from flatbench.study.spec import check_output_dir, read_saved_study
 
 
@@ -72,6 +73,10 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         stale = [rec for rec in records if current.get(rec.path.parent.parent) is not None
                  and rec.run_id not in current[rec.path.parent.parent]]
         records = [rec for rec in records if rec not in stale]
+    dropped = drop_stale(records)
+    if dropped:
+        echo(f"warning: {sum(dropped.values())} entries of {', '.join(sorted(dropped))} left out: stale (their "
+             "plugin file changed since they were computed; `flatbench measure` recomputes them)")
     levels = snapshot_records(records)
     damaged = [problem for recs in levels.values() for rec in recs for problem in rec.problems]
     if damaged:

@@ -12,6 +12,7 @@ from flatbench.errors import CheckpointError, FlatbenchError
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, resolve_names
 from flatbench.measures.runner import DONE, FAILED, read_entries
+from flatbench.measures.stale import stale_keys
 from flatbench.store import (MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir,
                              run_json_problem)
 from flatbench.study.cluster import EXECUTORS
@@ -79,12 +80,14 @@ def _expected_entries(study: Any) -> list[str]:
     return [key for name in names for _, key in entry_keys(name, get_measure(name), study.measure.losses)]
 
 
-def _measure_state(run_path: Path, keys: list[str]) -> tuple[bool, str | None]:
-    """(every configured entry present, the damage of measures.json if any)."""
+def _measure_state(run_path: Path, keys: list[str]) -> tuple[bool, str | None, list[str]]:
+    """(every configured entry present and current, the damage of measures.json if any, the stale entries:
+    those of a plugin whose source changed since, `measures.stale`)."""
     entries, damaged = read_entries(run_path)
     problem = f"{run_path / 'measures.json'} is damaged ({damaged})" if damaged else None
-    done = bool(keys) and all(entries.get(k, {}).get("status") in (*DONE, *FAILED) for k in keys)
-    return done and not damaged, problem
+    stale = stale_keys(entries)
+    done = bool(keys) and all(entries.get(k, {}).get("status") in (*DONE, *FAILED) and k not in stale for k in keys)
+    return done and not damaged, problem, stale
 
 
 def study_status(exp_dir: str | Path) -> dict[str, Any]:
@@ -92,28 +95,35 @@ def study_status(exp_dir: str | Path) -> dict[str, Any]:
 
     `measured`: finished runs whose measures.json has an entry for every configured measure (what
     `flatbench run --executor` waits for before `flatbench report`). `stale`: run folders that are not
-    runs of the current config; `damaged_files`: measures.json files that need `flatbench measure`.
+    runs of the current config; `damaged_files`: measures.json files that need `flatbench measure`;
+    `stale_entries`: entries of a plugin measure whose plugin changed since (each run's under its
+    `stale_entries`): the report leaves them out and `flatbench measure` recomputes them.
     """
     exp_dir = Path(exp_dir)
     study = read_saved_study(exp_dir)
     keys = _expected_entries(study)
     runs: dict[str, dict] = {}
     measured = 0
+    stale_entries = 0
     damaged_files = []
     for rid in study.run_ids():
         state, detail = run_state(run_dir(exp_dir, rid))
         runs[rid] = {"state": state, **({"detail": detail} if detail else {})}
         if state == "finished":
-            done, problem = _measure_state(run_dir(exp_dir, rid), keys)
+            done, problem, stale = _measure_state(run_dir(exp_dir, rid), keys)
             if problem:
                 damaged_files.append(problem)
+            if stale:
+                runs[rid]["stale_entries"] = stale
+                stale_entries += len(stale)
             if done:
                 runs[rid]["measured"] = True
                 measured += 1
     counts = {s: sum(1 for r in runs.values() if r["state"] == s) for s in STATES}
     logs = [str(exp_dir / k) for k in EXECUTORS if (exp_dir / k).is_dir()]
     return {"experiment": str(exp_dir), "total": len(runs), "counts": counts, "measured": measured,
-            "runs": runs, "logs": logs, "stale": stale_run_ids(study), "damaged_files": damaged_files}
+            "runs": runs, "logs": logs, "stale": stale_run_ids(study), "damaged_files": damaged_files,
+            "stale_entries": stale_entries}
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -133,6 +143,10 @@ def format_status(status: dict[str, Any]) -> str:
             lines.append(f"{state} runs:")
             for rid, r in bad.items():
                 lines.append(f"  {rid}: {r.get('detail') or 'see its run.json'}")
+    if status.get("stale_entries"):
+        first = next((rid, r["stale_entries"]) for rid, r in status["runs"].items() if r.get("stale_entries"))
+        lines.append(f"stale: {status['stale_entries']} measure entries of an edited plugin (e.g. {first[0]} "
+                     f"{first[1][0]}): left out of the report; `flatbench measure` recomputes them")
     for problem in status.get("damaged_files", []):
         lines.append(f"damaged: {problem} (`flatbench measure` keeps its readable entries and recomputes the rest)")
     if status.get("stale"):

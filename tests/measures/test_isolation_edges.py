@@ -1,0 +1,130 @@
+"""Isolation edges that issue 30's planted-bug round found untested: a change to one element far into a
+tensor, a measure that catches `Exception` around its own time-out, a value cached by a measure that
+changed the model, and stale plugin entries decided by the plugin loaded now."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+from torch import nn
+
+import flatbench
+from flatbench.api import measure_records
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 40), nn.ReLU(), nn.Linear(40, 3)).eval()
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(20, 6, generator=g), torch.randint(0, 3, (20,), generator=g)
+
+
+def test_a_change_to_the_last_element_of_a_weight_is_seen_and_undone(own_registry):
+    @flatbench.register_measure("_last", description="nudges the last element of the first weight")
+    def _last(ctx):
+        with torch.no_grad():
+            ctx.model[0].weight[-1, -1] += 1e-9
+        return 1.0
+
+    alone = measure_records(_model(), _data(), ["frobenius_norm"])["frobenius_norm"]["values"]
+    records = measure_records(_model(), _data(), ["_last", "frobenius_norm"])
+    assert records["_last"]["status"] == "error" and "parameter 0.weight" in records["_last"]["error"]
+    assert records["frobenius_norm"]["values"] == alone
+
+
+def test_a_measure_that_catches_exception_still_times_out(own_registry):
+    @flatbench.register_measure("_stubborn", description="catches every Exception around a long sleep")
+    def _stubborn(ctx):
+        try:
+            time.sleep(20)
+        except Exception:  # noqa: BLE001 - what a careless plugin does
+            return 1.0
+        return 2.0
+
+    start = time.monotonic()
+    records = measure_records(_model(), _data(), ["_stubborn"], timeout_s=0.3)
+    assert time.monotonic() - start < 10
+    assert records["_stubborn"]["status"] == "error" and records["_stubborn"]["error"] == "timed out after 0.3 s"
+
+
+def test_a_value_cached_on_a_changed_model_is_never_handed_to_the_next_measure(own_registry):
+    def weight_sum(ctx):
+        return ctx.cached("_weight_sum", lambda: float(sum(p.detach().sum() for p in ctx.model.parameters())))
+
+    @flatbench.register_measure("_poisoner", description="doubles the weights, then caches a value of them")
+    def _poisoner(ctx):
+        with torch.no_grad():
+            for p in ctx.model.parameters():
+                p.mul_(2.0)
+        weight_sum(ctx)
+        return 1.0
+
+    @flatbench.register_measure("_reader", description="reads the shared cached value")
+    def _reader(ctx):
+        return weight_sum(ctx)
+
+    alone = measure_records(_model(), _data(), ["_reader"])["_reader"]["values"]["_reader"]
+    records = measure_records(_model(), _data(), ["_poisoner", "_reader"])
+    assert records["_poisoner"]["status"] == "error"
+    assert records["_reader"]["values"]["_reader"] == alone
+
+
+PLUGIN = '''
+from flatbench import register_measure
+
+@register_measure("_versioned_unit", description="a plugin measure")
+def _versioned_unit(ctx):
+    return VERSION
+'''
+
+
+def test_stale_is_decided_by_the_plugin_loaded_now_and_keeps_a_run_from_counting_as_measured(tmp_path, own_registry):
+    from flatbench.measures.plugins import _sha256
+    from flatbench.measures.registry import load_plugins
+    from flatbench.measures.stale import stale_reason
+    from flatbench.study.status import _measure_state
+
+    old, new = tmp_path / "v1.py", tmp_path / "v2.py"
+    old.write_text("VERSION = 1.0\n" + PLUGIN)
+    new.write_text("VERSION = 2.0\n" + PLUGIN)
+    load_plugins([str(new)])  # the study loads v2 now; v1 still lies where its entries say
+    run = tmp_path / "run"
+    run.mkdir()
+    entry = {"status": "ok", "values": {"_versioned_unit": 1.0}, "plugin": {"source": str(old), "sha256": _sha256(old)}}
+    assert "now" in stale_reason("_versioned_unit", entry)
+    (run / "measures.json").write_text(json.dumps({"_versioned_unit": entry}))
+    assert _measure_state(run, ["_versioned_unit"]) == (False, None, ["_versioned_unit"])
+    current = {**entry, "plugin": {"source": str(new), "sha256": _sha256(new)}}
+    assert stale_reason("_versioned_unit", current) is None
+    (run / "measures.json").write_text(json.dumps({"_versioned_unit": current}))
+    assert _measure_state(run, ["_versioned_unit"]) == (True, None, [])
+
+
+def test_a_bool_is_never_a_value_bare_in_a_dict_or_in_a_measure_output():
+    import numpy as np
+    import pytest
+
+    from flatbench.measures.registry import MeasureOutput, MeasureOutputError, as_output
+
+    for bad in (True, {"m": True}, {"m": 1.0, "m/x": False}, {"m": np.bool_(False)},
+                MeasureOutput({"m": True}), torch.tensor(True), {"m": torch.tensor(False)}):
+        with pytest.raises(MeasureOutputError, match="measure 'm'"):
+            as_output(bad, "m")
+
+
+def test_nan_and_inf_are_non_finite_and_info_json_cannot_hold_is_an_error(own_registry):
+    from flatbench.measures.registry import MeasureOutput
+
+    for name, value in (("_inf", float("inf")), ("_ninf", -float("inf")), ("_nan", float("nan"))):
+        flatbench.register_measure(name, description="a non-finite value")(lambda ctx, v=value: {ctx.measure_name: v})
+    flatbench.register_measure("_handle", description="info JSON cannot hold")(
+        lambda ctx: MeasureOutput({"_handle": 1.0}, {"handle": object()}))
+    records = measure_records(_model(), _data(), ["_inf", "_ninf", "_nan", "_handle"])
+    for name in ("_inf", "_ninf", "_nan"):
+        assert records[name]["status"] == "non_finite" and f"gave {name} = " in records[name]["reason"], records[name]
+    assert records["_handle"]["status"] == "error" and "JSON cannot hold" in records["_handle"]["error"]
