@@ -43,6 +43,7 @@ from flatbench.analysis.plots import model_labels
 from flatbench.analysis.stats import MIN_RUNS, N_BOOT, Analysis, analyze
 from flatbench.analysis.table import RunRecord, build_table, load_records, read_measures_file, to_float
 from flatbench.analysis.verdict import build_verdict
+from flatbench.analysis.verdict_block import verdict_block
 from flatbench.config import ReportConfig
 from flatbench.errors import FlatbenchError
 
@@ -215,8 +216,8 @@ def hover_runs(ctx: sec.ReportContext) -> list[dict[str, Any]]:
 def build_document(ctx: sec.ReportContext) -> Document:
     """The report, section by section (see `sections` and `sections_detail`)."""
     doc = Document(title=f"flatbench report: {', '.join(p.name for p in ctx.exp_dirs)}")
-    for section in (sec.summary_section, sec.verdict_section, sec.figures_section, sec.audit_section,
-                    detail.ranking_section, detail.levels_section, detail.endpoint_section, detail.excluded_section,
+    for section in (verdict_block, sec.summary_section, sec.figures_section, sec.audit_section,
+                    detail.statistics_section, detail.levels_section, detail.endpoint_section, detail.excluded_section,
                     detail.time_section, detail.runs_section, detail.config_section):
         section(doc, ctx)
     doc.data = {"runs": hover_runs(ctx)}

@@ -82,11 +82,7 @@ def _best_lines(ctx: ReportContext) -> list[str]:
     corr, verdict = ctx.corr, ctx.verdict
     if not verdict.rows:
         return ["No measure has a τ with the gap (see the verdict section for why)."]
-    top = verdict.rows[0]
-    tied = next((g for g in verdict.ties if top.measure in g), [])
-    tie_text = f"; tied at the same τ with {', '.join(f'`{m}`' for m in tied if m != top.measure)}" if tied else ""
-    lines = [(f"Highest τ: `{top.measure}` (Kendall τ = {ci_text(top.stats, 'kendall_tau')}, "
-              f"{p_phrase(top.stats.get('kendall_p'))} by permutation, n = {top.stats['n']}{tie_text}).")]
+    lines = []
     if verdict.can_compare:
         lines.append(best_group_text(corr))
     else:
@@ -126,59 +122,6 @@ def summary_section(doc: Document, ctx: ReportContext) -> None:
                       [False, True, True, True]))
     if a.axes:
         doc.add(Paragraph("Hyperparameter axes that vary: " + ", ".join(f"`{x}`" for x in a.axes) + "."))
-
-
-def _label(row: Row, verdict: Verdict, rank: int) -> str:
-    """The row's label against the best measure (with the Holm-adjusted p), or why there is none."""
-    if not verdict.can_compare:
-        return ("highest τ; " if rank == 1 else "") + f"cannot compare (n < {MIN_CI_RUNS})"
-    label = str(row.stats.get("vs_best") or "")
-    p = to_float(row.stats.get("vs_best_p_holm"))
-    text = label + (f" ({p_text(p)})" if label not in ("best", "") and math.isfinite(p) else "")
-    return text + (" (borderline)" if is_true(row.stats.get("vs_best_borderline")) else "")
-
-
-def _verdict_cells(row: Row, verdict: Verdict, rank: int, flipped: bool) -> list[str]:
-    tau = ci_text(row.stats, "kendall_tau") + (f" (tie {row.tie})" if row.tie else "")
-    cells = [str(rank), f"`{row.measure}`" + (" (−)" if flipped else ""), row.family, row.cost,
-             ", ".join(row.declared) or "none", measured_text(row.measured), tau, p_text(row.stats.get("kendall_p")),
-             _label(row, verdict, rank)]
-    for model in verdict.models:
-        tau_m, n = row.per_model.get(model, (math.nan, 0))
-        cells.append(f"{num(tau_m)} (n {n})")
-    return cells
-
-
-def verdict_section(doc: Document, ctx: ReportContext) -> None:
-    """The verdict table (one row per measure with a τ), its ties, and the measures without a value listed
-    once with their reason: the part of the report a researcher reads first, so it must fit the page."""
-    verdict = ctx.verdict
-    doc.add(Heading(2, "Verdict", "verdict"))
-    models = verdict.models
-    doc.add(Paragraph(
-        "One row per measure with a τ, highest τ first. τ: Kendall's τ-b with the gap, its 95% interval of the "
-        f"two-way cluster bootstrap from {MIN_CI_RUNS} runs on ({ctx.analysis.resampling or 'no resampling'}); p: its permutation p-value; vs best: Holm-adjusted paired comparison "
-        "with the highest τ (its adjusted p). Invariance: the transformation families the measure declares itself "
-        "invariant to, and what the rescaling audit measured: holds (|Δτ| ≤ 1e-12 in every draw), breaks "
-        "(declared but τ moved), moves or unchanged (not declared); see the audit section."
-        + (f" Models pooled: τ within each model ({', '.join(f'`{m}`' for m in models)}), n its runs; the pooled τ "
-           "can come from the gap between the models rather than the order within each." if models else "")
-        + " In the HTML page the table sorts by any column and filters by family, cost and invariance."))
-    headers = ["#", "measure", "family", "cost", "invariant to (declared)", "audit: largest |Δτ|", "Kendall τ [95% CI]",
-               "p", "vs best (Holm p)", *[f"τ `{m}`" for m in models]]
-    flip = ctx.analysis.larger_is_sharper
-    rows = [_verdict_cells(r, verdict, i, not flip.get(r.measure, True)) for i, r in enumerate(verdict.rows, 1)]
-    attrs = [{"family": r.family.replace(" ", "_"), "cost": r.cost, "invariance": " ".join(r.declared) or "none"}
-             for r in verdict.rows]
-    doc.add(Table(headers, rows, [True, False, False, False, False, False, True, True, False, *[True] * len(models)],
-                  table_id="verdict", sortable=True, filters=["family", "cost", "invariance"], row_attrs=attrs,
-                  compact=True))
-    if verdict.ties:
-        doc.add(Paragraph("Ties (the same τ): " + "; ".join(
-            f"tie {i}: " + " = ".join(f"`{m}`" for m in group) for i, group in enumerate(verdict.ties, 1)) + "."))
-    if verdict.missing:
-        doc.add(Paragraph(f"{len(verdict.missing)} measure(s) have no τ and are not drawn in any figure:"))
-        doc.add(Bullets([f"`{m}`: {why}" for m, why in verdict.missing]))
 
 
 def figures_section(doc: Document, ctx: ReportContext) -> None:
