@@ -84,7 +84,9 @@ class Image:
     hover: dict[str, Any] | None = None
     """Points for the page's hover: {"points": [[x, y, run, panel, value], ...], "panels": [key, ...]}."""
     css: str = ""
-    """A class for the figure ("full": printed up to a page tall instead of the print sheet's figure height)."""
+    """A class for the figure ("full": printed up to a page tall instead of the print sheet's figure height;
+    "facet": one of a set of figures the page shows one at a time, chosen by `key` in a select)."""
+    key: str = ""
 
 
 @dataclass
@@ -262,7 +264,9 @@ def _img_tag(block: Image) -> str:
 
 def _html_image(block: Image, fig_id: str) -> str:
     caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
-    return (f'<figure class="hover" id="{fig_id}"><div class="hoverbox">{_img_tag(block)}</div>{caption}'
+    css = " ".join(c for c in ("hover", block.css) if c)
+    key = f' data-facet="{html.escape(block.key)}"' if block.key else ""
+    return (f'<figure class="{css}" id="{fig_id}"{key}><div class="hoverbox">{_img_tag(block)}</div>{caption}'
             f"</figure>\n" + _json_script(f"{fig_id}-points", block.hover))
 
 

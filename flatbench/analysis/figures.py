@@ -38,7 +38,7 @@ class FigureEntry:
     png: bytes
     caption: str
     group: str
-    """"main" (the figures section), "scatter" (the grids), "audit"."""
+    """"main" (the figures section), "design" (one per swept axis), "scatter" (the grids), "audit"."""
     width: int = 0
     height: int = 0
     hover: dict[str, Any] | None = None
@@ -93,6 +93,35 @@ def _main_figures(analysis: Analysis, ranked: list[str], families: Mapping[str, 
     return out
 
 
+DESIGN_MEASURES = 7
+"""Measures drawn against each swept axis (the highest τ first), besides the gap."""
+
+
+def _design_figures(analysis: Analysis, ranked: list[str], flipped: Mapping[str, bool]) -> list[FigureEntry]:
+    """One figure per swept axis: the gap and the leading measures against it, a point per run."""
+    frame = analysis.included
+    if not len(frame):
+        return []
+    rows = {r["measure"]: r for r in analysis.correlations.to_dict(orient="records")}
+    keys = ranked[:DESIGN_MEASURES]
+    labels = (frame["model.name"] if "model.name" in frame.columns else frame["experiment"]).astype(str)
+    out = []
+    for axis in analysis.axes:
+        if axis not in frame.columns or frame[axis].astype(str).nunique() < 2:
+            continue
+        drawn = plots.axis_figure(frame, axis, keys, analysis.gap, analysis.gap_column, labels, rows, flipped)
+        values = {k: pd.to_numeric(frame[k], errors="coerce").to_numpy(dtype=float)
+                  for k in [analysis.gap_column, *keys]}
+        points = [[*p, _json_number(values[drawn.panels[p[3]]][p[2]])] for p in drawn.points]
+        out.append(FigureEntry(f"design_{plot_filename(axis)}.png", drawn.png,
+                               f"The gap and the {len(keys)} measures of highest τ against `{axis}`: a point is a run "
+                               "(the pointer shows its configuration), the black bar the mean of the n runs at each "
+                               "value; ψ here: the measure's τ among runs that differ in this axis only (* beyond "
+                               "noise after Holm).", "design", drawn.width, drawn.height,
+                               {"points": points, "panels": drawn.panels}, axis))
+    return out
+
+
 def _grid_chunks(keys: list[str], families: Mapping[str, str]) -> list[tuple[str, list[str]]]:
     """(family, keys) per grid image, at most `GRID_MAX` keys each."""
     out = []
@@ -140,9 +169,18 @@ def _history_figures(analysis: Analysis, records: list[RunRecord] | None, levels
         histories = {r.run_id: r.info.get("history") or [] for r in used}
         ratios = {r.run_id: (r.info.get("config") or {}).get("data", {}).get("random_label_ratio") for r in used}
         if any(histories.values()):
-            out.append(FigureEntry("training_curves.png", plots.training_curves_figure(histories, ratios),
-                                   "Train accuracy (on the labels trained on, left) and test accuracy (right) at every "
-                                   "evaluated epoch: the gap at the end is a memorization gap.", "main"))
+            targets = {to_float(((r.info.get("config") or {}).get("train") or {}).get("target_train_loss"))
+                       for r in used}
+            target = next(iter(targets)) if len(targets) == 1 and np.isfinite(next(iter(targets))) else None
+            firsts = [float(plots.epoch_curves(h)[0][0]) for h in histories.values() if len(plots.epoch_curves(h)[0])]
+            out.append(FigureEntry("training_curves.png", plots.training_curves_figure(histories, ratios, target),
+                                   "Accuracy (top) and cross-entropy (bottom, log scale) of every run: on the labels "
+                                   "trained on, the running value of every epoch from epoch 1 (left); on the test set "
+                                   "at the evaluated epochs (right)"
+                                   + (f"; dashed: the target train loss {target:g} that stops training" if target
+                                      else "") + ". Colour: the random-label ratio.", "main",
+                                   extra={"first_epoch": min(firsts) if firsts else None, "runs": len(firsts),
+                                          "target_train_loss": target}))
     if levels is not None and len(levels):
         snap = levels[levels["level"].astype(str) != plots.FINAL_LEVEL]
         has = [m for m in dict.fromkeys(snap["measure"].astype(str))
@@ -183,6 +221,7 @@ def draw_figures(analysis: Analysis, plot_dir: Path, families: Mapping[str, str]
     ranked = [k for k, t in zip(keys, analysis.correlations["kendall_tau"]) if np.isfinite(to_float(t))]
     labels = plots.model_labels(frame)
     out = _main_figures(analysis, ranked, families, labels, drawn)
+    out += _design_figures(analysis, ranked, {k: not analysis.larger_is_sharper.get(k, True) for k in ranked})
     out += _history_figures(analysis, records, levels, families)
     out += _scatter_grids(analysis, by_family(drawn, families), families, labels)
     out += _audit_figures(audits or [], analysis.gap)

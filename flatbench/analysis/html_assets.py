@@ -32,18 +32,21 @@ p.design{font-size:1.02em;margin:.3em 0}p.headline{margin:.3em 0}
 details{margin:.5em 0}summary{cursor:pointer;color:#124;font-weight:600;font-size:.92em}
 .filters{font-size:.85em;margin:.4em 0;display:flex;flex-wrap:wrap;gap:.4em 1em;align-items:center}
 .hoverbox{position:relative;display:inline-block;max-width:100%}
+@media screen{figure.facet-hidden{display:none}}
 #fb-tip{position:fixed;z-index:10;pointer-events:none;background:#fff;border:1px solid #333;padding:.3em .5em;
 font-size:.78em;line-height:1.3;box-shadow:0 1px 4px rgba(0,0,0,.3);max-width:28em;display:none}
 #fb-tip b{display:block;font-family:ui-monospace,Menlo,Consolas,monospace}
 @media print{@page{size:A4 portrait;margin:8mm 7mm}
-body{max-width:none;margin:0;padding:0;font-size:8.5pt;line-height:1.25}
+body{max-width:none;margin:0;padding:0;font-size:8pt;line-height:1.22}
 a{color:inherit;text-decoration:none}.filters,nav.toc,#fb-tip{display:none}
 h1{font-size:13pt}h2{font-size:11pt;margin-top:.8em}h3{font-size:9.5pt;margin-top:.6em}
 h1,h2,h3,h4,summary{break-after:avoid;page-break-after:avoid}
 figure,img,tr,thead,pre,.keep{break-inside:avoid;page-break-inside:avoid}
-table,table.compact{font-size:6.5pt;line-height:1.12}th,td{padding:.02em .25em}
-.tablewrap{overflow:visible}figure{margin:.3em 0}figcaption{font-size:7pt}
-img{max-height:92mm;width:auto;max-width:100%;object-fit:contain}figure.full img{max-height:270mm}
+table,table.compact{font-size:6.2pt;line-height:1.1}th,td{padding:.02em .25em}
+.tablewrap{overflow:visible}figcaption{font-size:7pt}
+figure{display:inline-table;width:1px;margin:.15em .25em .15em 0;vertical-align:top}
+figcaption{display:table-caption;caption-side:bottom}
+img{max-height:80mm;width:auto;max-width:194mm;object-fit:contain}figure.full img{max-height:270mm}
 details>summary{list-style:none}details::details-content{content-visibility:visible;display:contents}
 pre{font-size:6.2pt;padding:.3em;line-height:1.12;column-count:2;column-gap:1.2em;white-space:pre}p,li{margin:.2em 0}}
 """
@@ -184,6 +187,26 @@ SCRIPT = r"""
       d.removeAttribute("data-print-opened");
     });
   }
+  function setupFacets() {
+    var figures = Array.prototype.slice.call(document.querySelectorAll("figure.facet"));
+    if (figures.length < 2) { return; }
+    var box = document.createElement("div");
+    box.className = "filters facets";
+    var label = document.createElement("label");
+    label.textContent = "show the design along ";
+    var select = document.createElement("select");
+    select.name = "facet";
+    figures.forEach(function (f) { select.appendChild(new Option(f.getAttribute("data-facet"), f.getAttribute("data-facet"))); });
+    function show() {
+      figures.forEach(function (f) { f.classList.toggle("facet-hidden", f.getAttribute("data-facet") !== select.value); });
+    }
+    select.addEventListener("change", show);
+    label.appendChild(select);
+    box.appendChild(label);
+    figures[0].parentNode.insertBefore(box, figures[0]);
+    show();
+  }
+  setupFacets();
   window.addEventListener("beforeprint", openForPrint);
   window.addEventListener("afterprint", closeAfterPrint);
   if (window.matchMedia) {

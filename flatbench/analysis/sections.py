@@ -13,14 +13,14 @@ from typing import Any
 
 import pandas as pd
 
-from flatbench.analysis.audit_digest import Audit, delta_text, measured_text, verdict_of
+from flatbench.analysis.audit_digest import Audit, delta_text, verdict_of
 from flatbench.analysis.document import Bullets, Details, Document, Heading, Image, Paragraph, Table
 from flatbench.analysis.families import family_rank
 from flatbench.analysis.figures import FigureEntry
-from flatbench.analysis.fmt import ci_text, is_true, num, p_phrase, p_text
+from flatbench.analysis.fmt import is_true, num
 from flatbench.analysis.stats import MIN_CI_RUNS, Analysis
 from flatbench.analysis.table import RunRecord, to_float
-from flatbench.analysis.verdict import Row, Verdict
+from flatbench.analysis.verdict import Verdict
 
 
 @dataclass
@@ -56,9 +56,14 @@ class ReportContext:
         return Path(os.path.relpath(rec.path, self.out_dir)).as_posix() + "/"
 
 
+PRINT_FULL: tuple[str, ...] = ()
+"""Figures too tall to read at the print sheet's figure height: printed up to a page tall."""
+
+
 def image(fig: FigureEntry) -> Image:
     """A figure as a document image (its hover data travels with it)."""
-    return Image(f"plots/{fig.name}", fig.png, fig.caption, fig.width, fig.height, fig.hover)
+    return Image(f"plots/{fig.name}", fig.png, fig.caption, fig.width, fig.height, fig.hover,
+                 css="full" if fig.name in PRINT_FULL else "")
 
 
 def best_group_text(corr: pd.DataFrame) -> str:
@@ -128,6 +133,13 @@ def figures_section(doc: Document, ctx: ReportContext) -> None:
     """The figures in reading order, then the scatter grids by family (the comparison matrix only where
     there are intervals: below 10 runs every cell would say "not significant")."""
     doc.add(Heading(2, "Figures", "figures"))
+    design = [f for f in ctx.figures if f.group == "design"]
+    if design:
+        doc.add(Paragraph(f"The design: the gap and the leading measures against each of the {len(design)} swept axes "
+                          "(in the HTML page a select chooses the axis; printed, every axis is shown)."))
+        for fig in design:
+            doc.add(Image(f"plots/{fig.name}", fig.png, fig.caption, fig.width, fig.height, fig.hover, css="facet",
+                          key=fig.title))
     for name in ("ranking.png", "vs_ratio.png", "agreement.png", "comparisons.png", "sign_errors.png",
                  "training_curves.png", "tau_by_level.png"):
         fig = ctx.figure(name)

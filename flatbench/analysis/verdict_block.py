@@ -29,7 +29,7 @@ from flatbench.analysis.verdict import MODEL_FIELDS, Row, Verdict
 DIVERGING = "RdBu"
 """τ and ψ: red below 0, white at 0, blue above (the same map in the figures' τ heatmaps)."""
 ALPHA = 0.05
-SHORT = {RATIO_COLUMN: "ratio", "experiment": "folder"}
+SHORT = {RATIO_COLUMN: "ratio", "experiment": "folder", "model.name": "model", "data.dataset": "dataset"}
 
 
 def short_axis(axis: str) -> str:
@@ -140,9 +140,12 @@ def verdict_table(ctx: Any) -> Table:
     """The one verdict table (see the module doc)."""
     verdict, axes, flip = ctx.verdict, list(ctx.analysis.axes), ctx.analysis.larger_is_sharper
     models = verdict.models
+    sizes = {m: {r.per_model.get(m, (math.nan, 0))[1] for r in verdict.rows} for m in models}
+    same = {m: len(sizes[m]) == 1 for m in models}
     headers = ["#", "measure", "family", "n", "Kendall τ [95% CI]", "vs best (Holm p)", "Ψ",
                *[f"ψ {short_axis(a)}" for a in axes], "CMI", "sign error mean", "sign error worst",
-               "audit: largest |Δτ|", *[f"τ `{m}`" for m in models]]
+               "audit: largest |Δτ|",
+               *[f"τ `{m}`" + (f" (n {next(iter(sizes[m]))})" if same[m] else "") for m in models]]
     rows, colors = [], {}
     tau_col, psi_col = 4, 6
     for i, r in enumerate(verdict.rows):
@@ -150,7 +153,8 @@ def verdict_table(ctx: Any) -> Table:
         tau = ci_text(r.stats, "kendall_tau") + (f" (tie {r.tie})" if r.tie else "")
         cells = [str(i + 1), f"`{r.measure}`{negated}", r.family, str(r.stats.get("n")), tau, _label(r, verdict, i + 1),
                  *_stat_cells(r.stats, axes, False), measured_text(r.measured)]
-        cells += [f"{num(t)} (n {n})" for t, n in (r.per_model.get(m, (math.nan, 0)) for m in models)]
+        cells += [num(t) + ("" if same[m] else f" (n {n})")
+                  for m, (t, n) in ((m, r.per_model.get(m, (math.nan, 0))) for m in models)]
         rows.append(cells)
     refs = _references(ctx)
     foot = [[{"ref.random": "floor", "ref.replicate_gap": "ceiling"}.get(str(r["measure"]), "ref"), f"`{r['measure']}`",

@@ -211,6 +211,119 @@ def test_comparison_in_a_browser(browser_factory, pages):
 
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "cpu"
 STUDIES = ("hyperparameters", "tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist")
+REPORTS = (*STUDIES, "natural", "natural/gap_acc")
+VERDICT_COLUMNS = ("Kendall τ [95% CI]", "vs best (Holm p)", "Ψ", "CMI", "sign error mean", "sign error worst",
+                   "audit: largest |Δτ|")
+PAGE_BUDGET = {"tsuzuku_mnist": 12}
+"""A4 pages the committed report may print to, every collapsed section open (issue 28)."""
+
+
+def _first_screen(driver, page: Path) -> None:
+    """A 1440×900 window at the top of the page."""
+    driver.set_window_size(1440, 900)
+    _open(driver, page)
+    driver.execute_script("window.scrollTo(0, 0);")
+
+
+def _verdict_on_first_screen(driver) -> list[str]:
+    """The verdict table's header texts, after checking that the design sentence, the headline and the
+    header row are inside the first screen."""
+    height = driver.execute_script("return window.innerHeight;")
+    tops = driver.execute_script(
+        "return ['p.design', 'p.headline', '#verdict thead'].map(s => document.querySelector(s))"
+        ".map(e => e ? e.getBoundingClientRect().bottom : null);")
+    assert all(t is not None and 0 < t <= height for t in tops), (tops, height)
+    return driver.execute_script("return Array.from(document.querySelectorAll('#verdict thead th'))"
+                                 ".map(h => h.textContent.trim());")
+
+
+@pytest.mark.parametrize("study", REPORTS)
+def test_a_committed_report_puts_the_verdict_first(browser_factory, study):
+    """Issue 28: the design sentence, and the verdict table with τ, vs best, Ψ, ψ per swept axis, CMI, sign
+    errors and the audit, on the first screen at 1440×900; the floor and ceiling rows below it; each ψ of
+    the strip coloured; no table wider than the window."""
+    driver = browser_factory()
+    page = COMMITTED / study / "report.html"
+    _first_screen(driver, page)
+    headers = _verdict_on_first_screen(driver)
+    for column in VERDICT_COLUMNS:
+        assert column in headers, (column, headers)
+    psi = [h for h in headers if h.startswith("ψ ")]
+    columns = (COMMITTED / study / "correlations.csv").read_text().splitlines()[0].split(",")
+    axes = [c for c in columns if c.startswith("psi_") and c != "psi_data" and not c.startswith("p_")]
+    assert len(psi) >= len(axes) >= 1, (psi, axes)
+    refs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#verdict tfoot tr')).map(r => r.cells[1].textContent.trim());")
+    assert refs == ["ref.random", "ref.replicate_gap"], refs
+    colored = driver.execute_script(
+        "var i = Array.from(document.querySelectorAll('#verdict thead th')).findIndex(h => h.textContent.startsWith('ψ '));"
+        "return Array.from(document.querySelectorAll('#verdict tbody tr')).filter(r => r.cells[i].style.background).length;")
+    assert colored >= 1
+    width = driver.execute_script("return Math.max(...Array.from(document.querySelectorAll('table')).map(t => t.scrollWidth));")
+    assert width <= 1440, width
+
+
+def test_the_committed_comparison_compares(browser_factory):
+    """Issue 28: the heatmap on the first screen, a row per study (n, dataset, model, swept axes), and one
+    compact table whose scroll width fits 1440 px and that sorts every study's column by number."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    page = COMMITTED / "comparison" / "comparison.html"
+    _first_screen(driver, page)
+    height = driver.execute_script("return window.innerHeight;")
+    top = driver.execute_script("return document.querySelector('figure img').getBoundingClientRect().top;")
+    assert 0 < top < height
+    studies = driver.execute_script("return Array.from(document.querySelectorAll('#studies thead th'))"
+                                    ".map(h => h.textContent.trim());")
+    assert {"study", "n runs", "dataset", "model", "swept axes"} <= set(studies)
+    assert len(_column(driver, "studies", 0)) == 6
+    width = driver.execute_script("return document.getElementById('comparison').scrollWidth;")
+    assert width <= 1440, width
+    headers = driver.find_elements(By.CSS_SELECTOR, "#comparison thead th")
+    for col in range(2, len(headers)):
+        headers[col].click()
+        values = [_number(t) for t in _column(driver, "comparison", col)]
+        finite = [v for v in values if not math.isnan(v)]
+        assert finite == sorted(finite, reverse=True), col
+        assert all(math.isnan(v) for v in values[len(finite):]), col  # words ("–", "no τ") last
+
+
+def _print_pdf(driver, page: Path) -> bytes:
+    import base64
+
+    _open(driver, page)
+    pdf = driver.execute_cdp_cmd("Page.printToPDF", {"paperWidth": 8.27, "paperHeight": 11.69,
+                                                      "preferCSSPageSize": True, "printBackground": True})
+    return base64.b64decode(pdf["data"])
+
+
+def _pages(pdf: bytes) -> int:
+    import re
+
+    return len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", pdf))
+
+
+@pytest.mark.parametrize("study", ["tsuzuku_mnist", "comparison"])
+def test_a_committed_page_prints_everything_within_its_budget(browser_factory, study):
+    """Issue 28: printed, every collapsed section is open (its content laid out), and tsuzuku_mnist's report
+    fits its A4 page budget; the comparison page prints every study's column (no table wider than A4)."""
+    driver = browser_factory()
+    page = COMMITTED / study / ("comparison.html" if study == "comparison" else "report.html")
+    _open(driver, page)
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+    driver.set_window_size(760, 1100)  # about A4's printable width at 96 px per inch
+    hidden = driver.execute_script(
+        "return Array.from(document.querySelectorAll('details')).filter(d => Array.from(d.children)"
+        ".some(c => c.tagName !== 'SUMMARY' && c.getClientRects().length === 0)).length;")
+    assert hidden == 0
+    if study == "comparison":
+        wide = driver.execute_script("return Array.from(document.querySelectorAll('table'))"
+                                     ".filter(t => t.scrollWidth > document.body.clientWidth + 1).length;")
+        assert wide == 0
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+    pages = _pages(_print_pdf(driver, page))
+    assert 1 <= pages <= PAGE_BUDGET.get(study, 6), pages
 
 
 @pytest.mark.parametrize("study", STUDIES)

@@ -107,6 +107,22 @@ def use_log(values: np.ndarray) -> bool:
     return bool(len(finite) >= 2 and finite.min() > 0 and finite.max() / finite.min() > 100.0)
 
 
+def set_value_scale(ax: Any, values: np.ndarray, axis: str = "y") -> str:
+    """Log scale when every value is positive and they span more than two decades (`use_log`), symmetric log
+    when values of both signs (or zeros) span more than two decades in size (e.g. PSI-flatness, 1e11 to
+    1e14 with a negative run), linear otherwise; returns the scale set."""
+    finite = values[np.isfinite(values)]
+    setter = ax.set_yscale if axis == "y" else ax.set_xscale
+    if use_log(finite):
+        setter("log")
+        return "log"
+    size = np.abs(finite[finite != 0])
+    if len(size) >= 2 and size.max() / size.min() > 100.0:
+        setter("symlog", linthresh=float(np.quantile(size, 0.1)))
+        return "symlog"
+    return "linear"
+
+
 def model_labels(frame: pd.DataFrame) -> pd.Series:
     """The 'model' of each run, for markers and lines: the model and dataset fields that vary, joined
     (e.g. "lenet cifar10"); the experiment folder when combined folders differ in something else."""
