@@ -34,10 +34,10 @@ from flatbench import store
 from flatbench.analysis.document import Document, Heading, Image, Paragraph, Table
 from flatbench.analysis.families import family_of
 from flatbench.analysis.fmt import is_true
-from flatbench.analysis.plots.common import ink_on, new_figure, png_bytes
+from flatbench.analysis.plots.common import DIVERGING, ink_on, new_figure, png_bytes
 from flatbench.analysis.stats import MIN_CI_RUNS
 from flatbench.analysis.table import to_float
-from flatbench.analysis.verdict_block import DIVERGING, signed_color
+from flatbench.analysis.verdict_block import signed_color
 from flatbench.errors import FlatbenchError
 
 MARKS = {"best": "best", "indistinguishable": "in best group", "worse": "worse", "cannot compare": "cannot compare",

@@ -14,13 +14,14 @@ from typing import Any
 import pandas as pd
 
 from flatbench.analysis.audit_digest import Audit, delta_text, verdict_of
+from flatbench.analysis.audit_models import per_model_deltas
 from flatbench.analysis.document import Bullets, Details, Document, Heading, Image, Paragraph, Table
 from flatbench.analysis.families import family_rank
 from flatbench.analysis.figures import FigureEntry
 from flatbench.analysis.fmt import is_true, num
 from flatbench.analysis.stats import MIN_CI_RUNS, Analysis
 from flatbench.analysis.table import RunRecord, to_float
-from flatbench.analysis.verdict import Verdict
+from flatbench.analysis.verdict import Verdict, pooled_models
 
 
 @dataclass
@@ -191,6 +192,32 @@ def _audit_by_family(ctx: ReportContext, audit: Audit) -> Table:
                  [False, *[True] * 7])
 
 
+def _per_model_table(ctx: ReportContext, audit: Audit) -> Table | None:
+    """Δτ per model next to the pooled Δτ, where the study pools models (`audit_models`)."""
+    models = pooled_models(ctx.analysis.included)
+    if models is None or len(ctx.exp_dirs) != 1:
+        return None
+    mapping = dict(zip(ctx.analysis.included["run_id"].astype(str), models))
+    folder = ctx.exp_dirs[0] / Path(audit.where).parent
+    frame = per_model_deltas(folder, mapping, ctx.analysis.larger_is_sharper)
+    if not len(frame):
+        return None
+    names = sorted(set(frame["model"]))
+    lookup = {(r["measure"], r["max_factor"], r["model"]): r for r in frame.to_dict(orient="records")}
+    rows = []
+    for r in audit.frame.to_dict(orient="records"):
+        factor = to_float(r.get("max_factor"))
+        cells = [f"`{r['measure']}`", f"[1/{factor:g}, {factor:g}]" if math.isfinite(factor) else "n/a",
+                 delta_text(r)]
+        for m in names:
+            hit = lookup.get((str(r["measure"]), factor, m))
+            cells.append("n/a" if hit is None or not math.isfinite(to_float(hit["delta_mean"])) else
+                         f"{hit['delta_mean']:+.3f} (max {hit['delta_absmax']:.3f}, n {hit['n']})")
+        rows.append(cells)
+    return Table(["measure", "factor range", "pooled Δτ", *[f"Δτ `{m}`" for m in names]], rows,
+                 [False, False, True, *[True] * len(names)], sortable=True, compact=True)
+
+
 def audit_section(doc: Document, ctx: ReportContext) -> None:
     """Every rescaling audit found: a verdict on invariance belongs next to the verdict on the gap."""
     doc.add(Heading(2, "Rescaling audit", "audit"))
@@ -209,5 +236,9 @@ def audit_section(doc: Document, ctx: ReportContext) -> None:
         doc.add(_audit_by_family(ctx, audit))
         doc.add(Details(f"Every measure of this audit ({len(audit.frame)} rows: τ before and after, Δτ, n, invariance)",
                         [_audit_table(audit)]))
+        per_model = _per_model_table(ctx, audit)
+        if per_model is not None:
+            doc.add(Details(f"Δτ within each model ({', '.join(f'`{m}`' for m in ctx.verdict.models)}): the pooled "
+                            "Δτ can come from a rescaling moving one model's values as a block", [per_model]))
         if audit.where in figures:
             doc.add(image(figures[audit.where]))

@@ -22,12 +22,11 @@ from matplotlib.colors import to_hex
 from flatbench.analysis.audit_digest import measured_text
 from flatbench.analysis.document import Bullets, Document, Heading, Paragraph, Table
 from flatbench.analysis.fmt import ci_text, is_true, num, p_text
+from flatbench.analysis.plots.common import DIVERGING
 from flatbench.analysis.stats import MIN_CI_RUNS
 from flatbench.analysis.table import RATIO_COLUMN, to_float
 from flatbench.analysis.verdict import MODEL_FIELDS, Row, Verdict
 
-DIVERGING = "RdBu"
-"""τ and ψ: red below 0, white at 0, blue above (the same map in the figures' τ heatmaps)."""
 ALPHA = 0.05
 SHORT = {RATIO_COLUMN: "ratio", "experiment": "folder", "model.name": "model", "data.dataset": "dataset"}
 

@@ -4,9 +4,9 @@ data points to PNG pixels that the HTML report's hover reads.
 No pyplot: figures are plain `Figure` objects rendered to PNG bytes and cleared, so a report over
 hundreds of measures leaves no global figure state behind and runs on a headless cluster node.
 
-Readability rules (print in black and white, small sizes): colour encodes only the random-label ratio
-(and, in the heatmaps, the value of the cell), on a perceptually uniform map (cividis) whose lightness
-alone orders the values; models and measures are told apart by marker shape and line style, never by hue
+Readability rules (print in black and white, small sizes): colour encodes the random-label ratio on a
+perceptually uniform map (cividis) whose lightness alone orders the values, and signed statistics (τ, ψ,
+differences of τ in the heatmaps) on a diverging map centred at 0 (`DIVERGING`); models and measures are told apart by marker shape and line style, never by hue
 alone; every marker has a dark edge. Figures are at most `PAGE_WIDTH` inches wide, so that the HTML page
 shows them at their own size (one PNG pixel per CSS pixel) and no text is scaled below its point size.
 """
@@ -30,6 +30,9 @@ from flatbench.analysis.fmt import p_phrase
 from flatbench.analysis.table import RATIO_COLUMN, to_float
 
 CMAP = "cividis"
+"""The random-label ratio (sequential: lightness orders the values)."""
+DIVERGING = "RdBu"
+"""Signed statistics centred at 0 (τ, ψ, differences of τ): red below 0, white at 0, blue above."""
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
 LINESTYLES = ("-", "--", ":", "-.")
 RATIO_NORM = Normalize(vmin=0.0, vmax=1.0)
