@@ -69,8 +69,10 @@ def _main_figures(analysis: Analysis, ranked: list[str], families: Mapping[str, 
                        "top.", "main"),
            FigureEntry("vs_ratio.png", plots.vs_ratio_figure(frame, by_family(drawn, families), analysis.gap, gcol,
                                                              labels),
-                       "The gap and each measure against the random-label ratio (mean ± std over seeds; marker "
-                       "and line style: model), measures grouped by family.", "main")]
+                       "The gap and each measure against the random-label ratio: mean ± std over the runs of each "
+                       "model at each ratio (its seeds and, where other axes vary, all their values: the design "
+                       "figures above show every run), marker and line style: model; measures grouped by family.",
+                       "main")]
     order = by_family(ranked, families)
     matrix = agreement_matrix(oriented(frame, analysis.larger_is_sharper), [gcol, *order])
     matrix = matrix.rename(index={gcol: "gap"}, columns={gcol: "gap"})

@@ -32,7 +32,7 @@ p.design{font-size:1.02em;margin:.3em 0}p.headline{margin:.3em 0}
 details{margin:.5em 0}summary{cursor:pointer;color:#124;font-weight:600;font-size:.92em}
 .filters{font-size:.85em;margin:.4em 0;display:flex;flex-wrap:wrap;gap:.4em 1em;align-items:center}
 .hoverbox{position:relative;display:inline-block;max-width:100%}
-@media screen{figure.facet-hidden{display:none}}
+@media screen{figure.facet-hidden{display:none}#verdict td:nth-child(2){min-width:15em}}
 #fb-tip{position:fixed;z-index:10;pointer-events:none;background:#fff;border:1px solid #333;padding:.3em .5em;
 font-size:.78em;line-height:1.3;box-shadow:0 1px 4px rgba(0,0,0,.3);max-width:28em;display:none}
 #fb-tip b{display:block;font-family:ui-monospace,Menlo,Consolas,monospace}

@@ -105,6 +105,9 @@ def headline(ctx: Any) -> list[str]:
         lines.append(f"**Highest Ψ** (τ within the design, mean over the training axes): `{by_psi.measure}` (Ψ "
                      f"{num(by_psi.stats.get('psi'))}, τ {num(by_psi.stats.get('kendall_tau'))}).")
     by_se = _best_by(verdict.rows, "sign_error_mean", lowest=True)
+    if by_se is None and ctx.analysis.axes:
+        lines.append("Sign errors: n/a for every measure (no environment has 10 pairs of runs whose gaps differ "
+                     "beyond the replicate noise; environments.csv lists them).")
     if by_se is not None:
         lines.append(f"**Lowest mean sign error:** `{by_se.measure}` ({num(by_se.stats.get('sign_error_mean'))}, "
                      f"worst environment {num(by_se.stats.get('sign_error_worst'))}; 0.5 is chance).")

@@ -116,8 +116,10 @@ def _shared_legend(fig: Any, frame: pd.DataFrame, markers: Mapping[str, str], ax
     if len(markers) > 1:
         handles = [Line2D([], [], marker=m, color="0.6", markeredgecolor="black", markeredgewidth=0.4,
                           linestyle="none", markersize=5, label=name) for name, m in markers.items()]
+        fields = sorted({part.split("=")[0] for name in markers for part in str(name).split() if "=" in part})
         fig.legend(handles=handles, loc="outside upper center", ncols=min(len(markers), 6), fontsize=7,
-                   title="marker: model", title_fontsize=7, frameon=False)
+                   title="marker: " + (", ".join(f"model {f}" for f in fields) if fields else "model"),
+                   title_fontsize=7, frameon=False)
     if ratios_of(frame) is not None:
         ratio_colorbar(fig, axes, 7, shrink=0.5 if len(axes) > GRID_COLS else 0.9)
 
