@@ -64,9 +64,10 @@ def _main_figures(analysis: Analysis, ranked: list[str], families: Mapping[str, 
     frame, corr, gcol = analysis.included, analysis.correlations, analysis.gap_column
     ranked_rows = corr[corr["measure"].isin(ranked)]
     ci = "its 95% interval" if len(frame) >= MIN_CI_RUNS else f"no interval (fewer than {MIN_CI_RUNS} runs)"
-    out = [FigureEntry("ranking.png", plots.ranking_figure(ranked_rows),
+    out = [FigureEntry("ranking.png", plots.ranking_figure(ranked_rows, analysis.references),
                        f"Kendall τ of each measure with the gap, {ci}, and the permutation p-value; best at the "
-                       "top.", "main"),
+                       "top; shaded: the floor (pure-noise measures' 95% band), dash-dotted: the ceiling (the "
+                       "replicate gap).", "main"),
            FigureEntry("vs_ratio.png", plots.vs_ratio_figure(frame, by_family(drawn, families), analysis.gap, gcol,
                                                              labels),
                        "The gap and each measure against the random-label ratio: mean ± std over the runs of each "

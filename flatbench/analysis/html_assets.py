@@ -1,8 +1,9 @@
 """The HTML report's style sheet and script, inline in every page (nothing is fetched).
 
 The script only adds to a page that is complete without it: pressing a column header of a sortable table
-(pointer, or Enter on the focused header) sorts it (a column whose cells are mostly numbers sorts by value,
-"n/a", "not measured" and other words last; first press: largest first, smallest first for a header marked
+(pointer, or Enter on the focused header) sorts it (a column of numbers sorts by value, placeholders such
+as "n/a", "–" or "no τ" last (a column is numbers when most cells are, or when its other cells are at most
+three distinct words); first press: largest first, smallest first for a header marked
 `data-order="asc"`, such as p-values and sign errors; rows in `<tfoot>`, the reference rows, stay
 below), tables with `data-filters` get a row of filters (one select per row attribute, plus a measure-name
 search), and figures with hover data show the nearest point's run (id, swept hyperparameters, the value)
@@ -65,7 +66,9 @@ SCRIPT = r"""
     var values = rows.map(function (r) { return text(r.cells[col]); });
     var counted = values.filter(function (v) { return v !== "" && v !== "-"; });
     var numbers = counted.filter(function (v) { return !isNaN(num(v)); }).length;
-    var numeric = numbers > 0 && numbers * 2 >= counted.length;
+    var words = {};
+    counted.forEach(function (v) { if (isNaN(num(v))) { words[v] = 1; } });
+    var numeric = numbers > 0 && (numbers * 2 >= counted.length || Object.keys(words).length <= 3);
     var state = th.getAttribute("aria-sort");
     var descending = state ? state === "ascending" : numeric && th.getAttribute("data-order") !== "asc";
     rows.sort(function (a, b) {

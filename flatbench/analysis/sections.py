@@ -169,7 +169,7 @@ def _audit_table(audit: Audit) -> Table:
         rows.append([f"`{r['measure']}`", str(r["family"]), "yes" if is_true(r.get("declared_invariant")) else "no",
                      rng, str(int(to_float(r.get("n")) or 0)), num(r.get("tau_original")), after, delta_text(r),
                      verdict_of(r)])
-    return Table(["measure", "family", "declared invariant", "factor range", "n", "τ before", "τ after (mean)",
+    return Table(["measure", "rescaling", "declared invariant", "factor range", "n", "τ before", "τ after (mean)",
                   "Δτ (mean [min, max])", "invariance"], rows, [False, False, False, False, True, True, True, True, False],
                  sortable=True, compact=True)
 

@@ -6,6 +6,12 @@ a reader's browser shows them: every image loads, the console logs no error, no 
 the filters hide rows, the pointer over a scatter point shows that point's run id, and with scripts off
 the tables and images are still there.
 
+The committed reports and the comparison page (issue 28) are opened at 1440×900 in one browser session:
+the verdict block's columns on the first screen, the floor and ceiling rows, no table wider than the
+window, the comparison page's heatmap first and its table's scroll width within 1440 px, a design figure
+per swept axis that the page's select shows, training curves from epoch 1; printed (A4, Chromium's
+printToPDF), every collapsed section open and tsuzuku_mnist's report within its page budget.
+
 Chromium and chromedriver come from Debian's `chromium` and `chromium-driver` packages (`.ci/run` installs
 them). Without them the tests are skipped locally and fail in CI (where `CI` is set), so that CI never
 passes without having opened the pages.
@@ -237,21 +243,32 @@ def _verdict_on_first_screen(driver) -> list[str]:
                                  ".map(h => h.textContent.trim());")
 
 
+@pytest.fixture(scope="module")
+def reader(browser_factory):
+    """One browser for the committed pages (a session per page would double the tests' time)."""
+    return browser_factory()
+
+
+def _axes(study: str) -> list[str]:
+    """The study's swept axes, as its correlations.csv names them (a ψ column per axis)."""
+    columns = (COMMITTED / study / "correlations.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
+    return [c[len("psi_"):] for c in columns if c.startswith("psi_") and c != "psi_data"]
+
+
 @pytest.mark.parametrize("study", REPORTS)
-def test_a_committed_report_puts_the_verdict_first(browser_factory, study):
+def test_a_committed_report_puts_the_verdict_first(reader, study):
     """Issue 28: the design sentence, and the verdict table with τ, vs best, Ψ, ψ per swept axis, CMI, sign
     errors and the audit, on the first screen at 1440×900; the floor and ceiling rows below it; each ψ of
     the strip coloured; no table wider than the window."""
-    driver = browser_factory()
+    driver = reader
     page = COMMITTED / study / "report.html"
     _first_screen(driver, page)
     headers = _verdict_on_first_screen(driver)
     for column in VERDICT_COLUMNS:
         assert column in headers, (column, headers)
     psi = [h for h in headers if h.startswith("ψ ")]
-    columns = (COMMITTED / study / "correlations.csv").read_text().splitlines()[0].split(",")
-    axes = [c for c in columns if c.startswith("psi_") and c != "psi_data" and not c.startswith("p_")]
-    assert len(psi) >= len(axes) >= 1, (psi, axes)
+    axes = _axes(study)
+    assert len(psi) == len(axes) >= 1, (psi, axes)
     refs = driver.execute_script(
         "return Array.from(document.querySelectorAll('#verdict tfoot tr')).map(r => r.cells[1].textContent.trim());")
     assert refs == ["ref.random", "ref.replicate_gap"], refs
@@ -263,12 +280,12 @@ def test_a_committed_report_puts_the_verdict_first(browser_factory, study):
     assert width <= 1440, width
 
 
-def test_the_committed_comparison_compares(browser_factory):
+def test_the_committed_comparison_compares(reader):
     """Issue 28: the heatmap on the first screen, a row per study (n, dataset, model, swept axes), and one
     compact table whose scroll width fits 1440 px and that sorts every study's column by number."""
     from selenium.webdriver.common.by import By
 
-    driver = browser_factory()
+    driver = reader
     page = COMMITTED / "comparison" / "comparison.html"
     _first_screen(driver, page)
     height = driver.execute_script("return window.innerHeight;")
@@ -305,10 +322,10 @@ def _pages(pdf: bytes) -> int:
 
 
 @pytest.mark.parametrize("study", ["tsuzuku_mnist", "comparison"])
-def test_a_committed_page_prints_everything_within_its_budget(browser_factory, study):
+def test_a_committed_page_prints_everything_within_its_budget(reader, study):
     """Issue 28: printed, every collapsed section is open (its content laid out), and tsuzuku_mnist's report
     fits its A4 page budget; the comparison page prints every study's column (no table wider than A4)."""
-    driver = browser_factory()
+    driver = reader
     page = COMMITTED / study / ("comparison.html" if study == "comparison" else "report.html")
     _open(driver, page)
     driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
@@ -327,14 +344,15 @@ def test_a_committed_page_prints_everything_within_its_budget(browser_factory, s
 
 
 @pytest.mark.parametrize("study", STUDIES)
-def test_a_committed_report_in_a_browser(browser_factory, study):
+def test_a_committed_report_in_a_browser(reader, study):
     """The committed reports as a reader opens them: every image loads, nothing is fetched, no console error,
     and each of the verdict table's filters (family, cost, invariance) keeps some rows and hides others."""
     from selenium.webdriver.common.by import By
 
     page = COMMITTED / study / "report.html"
     assert page.is_file(), f"{page} is committed with the study"
-    driver = browser_factory()
+    driver = reader
+    driver.set_window_size(1280, 1000)
     _check_loads_offline(driver, page)
     total = len(_column(driver, "verdict", 0))
     assert total >= 10
@@ -349,9 +367,42 @@ def test_a_committed_report_in_a_browser(browser_factory, study):
         assert len(_column(driver, "verdict", 0)) == total
 
 
-def test_the_committed_comparison_in_a_browser(browser_factory):
+def test_the_committed_comparison_in_a_browser(reader):
     page = COMMITTED / "comparison" / "comparison.html"
     assert page.is_file(), f"{page} is committed with the studies"
-    driver = browser_factory()
+    driver = reader
     _check_loads_offline(driver, page)
     assert len(_column(driver, "comparison", 0)) >= 10
+
+
+@pytest.mark.parametrize("study", REPORTS)
+def test_a_committed_report_facets_every_axis_and_curves_start_at_epoch_1(reader, study):
+    """Issue 28, the figures' data: a design figure per swept axis, each one the page's select can show
+    (the others hidden, their image loaded), every point of it a run of the hover data; the training
+    curves start at epoch 1 and draw the loss target."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = reader
+    driver.set_window_size(1440, 900)
+    _open(driver, COMMITTED / study / "report.html")
+    axes = _axes(study)
+    facets = driver.execute_script("return Array.from(document.querySelectorAll('figure.facet'))"
+                                   ".map(f => f.getAttribute('data-facet'));")
+    assert sorted(facets) == sorted(axes), (facets, axes)
+    data = json.loads(driver.find_element(By.ID, "fb-data").get_attribute("textContent"))
+    for fig in driver.find_elements(By.CSS_SELECTOR, "figure.facet"):
+        spec = json.loads(driver.find_element(By.ID, fig.get_attribute("id") + "-points").get_attribute("textContent"))
+        assert spec["points"] and all(0 <= p[2] < len(data["runs"]) for p in spec["points"])
+    if len(axes) > 1:
+        select = Select(driver.find_element(By.CSS_SELECTOR, "select[name=facet]"))
+        assert sorted(o.get_attribute("value") for o in select.options) == sorted(axes)
+        for axis in axes:
+            select.select_by_value(axis)
+            shown = driver.execute_script(
+                "return Array.from(document.querySelectorAll('figure.facet')).filter(f => f.offsetParent !== null)"
+                ".map(f => [f.getAttribute('data-facet'), f.querySelector('img').naturalWidth]);")
+            assert len(shown) == 1 and shown[0][0] == axis and shown[0][1] > 0, (axis, shown)
+    curves = data["figures"]["training_curves.png"]
+    assert curves["first_epoch"] == 1 and curves["runs"] >= 10
+    assert curves["target_train_loss"] is not None

@@ -12,9 +12,25 @@ from flatbench.analysis.plots.common import CMAP, empty_panel, new_figure, png_b
 from flatbench.analysis.table import to_float
 
 
-def ranking_figure(corr: pd.DataFrame) -> bytes:
+def _references(ax: object, references: pd.DataFrame | None) -> None:
+    """The floor (`ref.random`: its 95% band, shaded) and the ceiling (`ref.replicate_gap`: a line)."""
+    if references is None or not len(references):
+        return
+    rows = {str(r["measure"]): r for r in references.to_dict(orient="records")}
+    floor, ceiling = rows.get("ref.random"), rows.get("ref.replicate_gap")
+    if floor is not None and np.isfinite(to_float(floor.get("kendall_tau_lo"))):
+        ax.axvspan(to_float(floor["kendall_tau_lo"]), to_float(floor["kendall_tau_hi"]), color="#f4a582", alpha=0.35,
+                   zorder=0, label="floor: pure noise, 95% band")
+    if ceiling is not None and np.isfinite(to_float(ceiling.get("kendall_tau"))):
+        ax.axvline(to_float(ceiling["kendall_tau"]), color="#2166ac", linewidth=1.2, linestyle="-.",
+                   label="ceiling: the replicate gap")
+    ax.legend(fontsize=6.5, loc="lower left", framealpha=0.85)
+
+
+def ranking_figure(corr: pd.DataFrame, references: pd.DataFrame | None = None) -> bytes:
     """Kendall τ per measure (the rows given, best at the top) with its interval where there is one;
-    the permutation p-value on the right, in the report's one p format."""
+    the permutation p-value on the right, in the report's one p format; the floor and ceiling
+    (`references`: the rows ref.random and ref.replicate_gap) drawn behind."""
     n = len(corr)
     fig = new_figure(7.6, 0.24 * max(n, 1) + 1.2)
     ax = fig.add_subplot()
@@ -34,6 +50,7 @@ def ranking_figure(corr: pd.DataFrame) -> bytes:
     for yi in y[~ok]:
         ax.text(0.0, yi, "n/a", ha="center", va="center", fontsize=7, color="0.3")
     ax.axvline(0.0, color="0.4", linewidth=0.8, linestyle="--")
+    _references(ax, references)
     ax.set_yticks(y, corr["measure"].astype(str).tolist(), fontsize=7)
     ax.set_xlim(-1.05, 1.05)
     ax.set_ylim(-0.7, n - 0.3)
