@@ -37,6 +37,8 @@ class Heading:
 @dataclass
 class Paragraph:
     text: str
+    css: str = ""
+    """A class for the HTML paragraph (e.g. "design": the verdict block's first line)."""
 
 
 @dataclass
@@ -56,6 +58,12 @@ class Table:
     """Row attributes the page offers filters for (`data-<name>` on each row, values space-separated)."""
     row_attrs: list[dict[str, str]] | None = None
     compact: bool = False
+    ascending: list[bool] | None = None
+    """Columns whose first sort press puts the smallest value first (p-values, sign errors, ranks)."""
+    foot: list[list[str]] = field(default_factory=list)
+    """Rows kept below the sorted ones (the reference rows: floor and ceiling)."""
+    colors: dict[tuple[int, int], str] = field(default_factory=dict)
+    """(row, column) → a cell's background colour (rows counted over `rows` then `foot`)."""
 
 
 @dataclass
@@ -75,6 +83,10 @@ class Image:
     height: int = 0
     hover: dict[str, Any] | None = None
     """Points for the page's hover: {"points": [[x, y, run, panel, value], ...], "panels": [key, ...]}."""
+    css: str = ""
+    """A class for the figure ("full": printed up to a page tall instead of the print sheet's figure height;
+    "facet": one of a set of figures the page shows one at a time, chosen by `key` in a select)."""
+    key: str = ""
 
 
 @dataclass
@@ -121,8 +133,9 @@ def inline_html(text: str) -> str:
     out, pos = [], 0
     for m in _INLINE.finditer(text):
         out.append(html.escape(text[pos:m.start()], quote=False))
-        if m.group(1) is not None:  # a long key may wrap before its "@loss" or ":variant", not mid-word
-            code = html.escape(m.group(1), quote=False).replace("@", "<wbr>@").replace(":", "<wbr>:")
+        if m.group(1) is not None:  # a long key wraps before "@loss", ":variant" or after "_", never mid-word
+            code = html.escape(m.group(1), quote=False).replace("@", "<wbr>@").replace(":", "<wbr>:") \
+                .replace("_", "_<wbr>").replace(".", ".<wbr>")
             out.append(f"<code>{code}</code>")
         elif m.group(2) is not None:
             out.append(f"<strong>{html.escape(m.group(2), quote=False)}</strong>")
@@ -189,7 +202,7 @@ def _md_block(block: Block) -> list[str]:
         numeric = block.numeric or [False] * len(block.headers)
         lines = ["| " + " | ".join(md_text(h, cell=True) for h in block.headers) + " |",
                  "|" + "|".join("---:" if num else ":---" for num in numeric) + "|"]
-        lines += ["| " + " | ".join(md_text(c, cell=True) for c in row) + " |" for row in block.rows]
+        lines += ["| " + " | ".join(md_text(c, cell=True) for c in row) + " |" for row in [*block.rows, *block.foot]]
         return lines
     if isinstance(block, Details):
         lines = [f"**{md_text(block.summary)}**", ""]
@@ -208,22 +221,38 @@ def _md_block(block: Block) -> list[str]:
     raise TypeError(f"unknown block {type(block).__name__}")
 
 
+def _html_cell(text: str, numeric: bool, color: str) -> str:
+    style = f' style="background:{color};color:{_ink(color)}"' if color else ""
+    return f'<td class="num"{style}>{inline_html(text)}</td>' if numeric else f"<td{style}>{inline_html(text)}</td>"
+
+
+def _ink(color: str) -> str:
+    """Black or white text on a "#rrggbb" background."""
+    try:
+        r, g, b = (int(color[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    except ValueError:
+        return "#111"
+    return "#fff" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "#111"
+
+
 def _html_table(block: Table) -> str:
     numeric = block.numeric or [False] * len(block.headers)
-    head = "".join(f"<th>{inline_html(h)}</th>" for h in block.headers)
-    rows = []
-    for i, row in enumerate(block.rows):
-        attrs = (block.row_attrs or [{}] * len(block.rows))[i] if block.row_attrs else {}
+    asc = block.ascending or [False] * len(block.headers)
+    order = ' data-order="asc"'
+    head = "".join(f'<th{order if up else ""}>{inline_html(h)}</th>' for h, up in zip(block.headers, asc))
+    rows, foot = [], []
+    for i, row in enumerate([*block.rows, *block.foot]):
+        attrs = block.row_attrs[i] if block.row_attrs and i < len(block.row_attrs) else {}
         attr_text = "".join(f' data-{k}="{html.escape(v)}"' for k, v in attrs.items())
-        cells = "".join(f'<td class="num">{inline_html(c)}</td>' if num else f"<td>{inline_html(c)}</td>"
-                        for c, num in zip(row, numeric))
-        rows.append(f"<tr{attr_text}>{cells}</tr>")
+        cells = "".join(_html_cell(c, num, block.colors.get((i, j), "")) for j, (c, num) in enumerate(zip(row, numeric)))
+        (rows if i < len(block.rows) else foot).append(f"<tr{attr_text}>{cells}</tr>")
     classes = " ".join(c for c in ("sortable" if block.sortable else "", "compact" if block.compact else "") if c)
     attrs = (f' id="{html.escape(block.table_id)}"' if block.table_id else "") + \
         (f' class="{classes}"' if classes else "") + \
         (f' data-filters="{html.escape(" ".join(block.filters))}"' if block.filters else "")
     return (f'<div class="tablewrap"><table{attrs}><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div>')
+            f'<tbody>{"".join(rows)}</tbody>' + (f'<tfoot>{"".join(foot)}</tfoot>' if foot else "") +
+            "</table></div>")
 
 
 def _img_tag(block: Image) -> str:
@@ -235,7 +264,9 @@ def _img_tag(block: Image) -> str:
 
 def _html_image(block: Image, fig_id: str) -> str:
     caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
-    return (f'<figure class="hover" id="{fig_id}"><div class="hoverbox">{_img_tag(block)}</div>{caption}'
+    css = " ".join(c for c in ("hover", block.css) if c)
+    key = f' data-facet="{html.escape(block.key)}"' if block.key else ""
+    return (f'<figure class="{css}" id="{fig_id}"{key}><div class="hoverbox">{_img_tag(block)}</div>{caption}'
             f"</figure>\n" + _json_script(f"{fig_id}-points", block.hover))
 
 
@@ -244,7 +275,8 @@ def _html_block(block: Block) -> str:
         anchor = f' id="{html.escape(block.anchor)}"' if block.anchor else ""
         return f"<h{block.level}{anchor}>{inline_html(block.text)}</h{block.level}>"
     if isinstance(block, Paragraph):
-        return f"<p>{inline_html(block.text)}</p>"
+        css = f' class="{html.escape(block.css)}"' if block.css else ""
+        return f"<p{css}>{inline_html(block.text)}</p>"
     if isinstance(block, Bullets):
         return "<ul>" + "".join(f"<li>{inline_html(i)}</li>" for i in block.items) + "</ul>"
     if isinstance(block, Table):
@@ -256,5 +288,6 @@ def _html_block(block: Block) -> str:
         return f"<pre><code>{html.escape(block.text)}</code></pre>"
     if isinstance(block, Image):
         caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
-        return f"<figure>{_img_tag(block)}{caption}</figure>"
+        css = f' class="{html.escape(block.css)}"' if block.css else ""
+        return f"<figure{css}>{_img_tag(block)}{caption}</figure>"
     raise TypeError(f"unknown block {type(block).__name__}")

@@ -38,7 +38,7 @@ class FigureEntry:
     png: bytes
     caption: str
     group: str
-    """"main" (the figures section), "scatter" (the grids), "audit"."""
+    """"main" (the figures section), "design" (one per swept axis), "scatter" (the grids), "audit"."""
     width: int = 0
     height: int = 0
     hover: dict[str, Any] | None = None
@@ -64,13 +64,16 @@ def _main_figures(analysis: Analysis, ranked: list[str], families: Mapping[str, 
     frame, corr, gcol = analysis.included, analysis.correlations, analysis.gap_column
     ranked_rows = corr[corr["measure"].isin(ranked)]
     ci = "its 95% interval" if len(frame) >= MIN_CI_RUNS else f"no interval (fewer than {MIN_CI_RUNS} runs)"
-    out = [FigureEntry("ranking.png", plots.ranking_figure(ranked_rows),
+    out = [FigureEntry("ranking.png", plots.ranking_figure(ranked_rows, analysis.references),
                        f"Kendall τ of each measure with the gap, {ci}, and the permutation p-value; best at the "
-                       "top.", "main"),
+                       "top; shaded: the floor (pure-noise measures' 95% band), dash-dotted: the ceiling (the "
+                       "replicate gap).", "main"),
            FigureEntry("vs_ratio.png", plots.vs_ratio_figure(frame, by_family(drawn, families), analysis.gap, gcol,
                                                              labels),
-                       "The gap and each measure against the random-label ratio (mean ± std over seeds; marker "
-                       "and line style: model), measures grouped by family.", "main")]
+                       "The gap and each measure against the random-label ratio: mean ± std over the runs of each "
+                       "model at each ratio (its seeds and, where other axes vary, all their values: the design "
+                       "figures above show every run), marker and line style: model; measures grouped by family.",
+                       "main")]
     order = by_family(ranked, families)
     matrix = agreement_matrix(oriented(frame, analysis.larger_is_sharper), [gcol, *order])
     matrix = matrix.rename(index={gcol: "gap"}, columns={gcol: "gap"})
@@ -85,11 +88,45 @@ def _main_figures(analysis: Analysis, ranked: list[str], families: Mapping[str, 
     envs = analysis.environments
     envs = envs[envs["averaged"].astype(bool)] if "averaged" in envs.columns else envs
     if len(envs):
-        out.append(FigureEntry("sign_errors.png", plots.sign_error_figure(envs, ranked),
-                               "Dziugaite et al.'s robust view: for each measure, the share of environments (an "
-                               "axis and the values of the other axes, with at least 10 pairs of runs whose gaps "
-                               "differ beyond the replicate noise) whose sign error is at most x; the further left "
-                               "the curve, the better; the dot is the worst environment.", "main"))
+        refs = analysis.references
+        floor = None
+        if refs is not None and len(refs) and "ref.random" in set(refs["measure"]):
+            floor = to_float(refs.loc[refs["measure"] == "ref.random", "sign_error_mean"].iloc[0])
+        out.append(FigureEntry("sign_errors.png", plots.sign_error_figure(envs, ranked, floor=floor),
+                               "Dziugaite et al.'s robust view, one panel per measure (highest τ first): the share of "
+                               "environments (an axis and the values of the other axes, with at least 10 pairs of runs "
+                               "whose gaps differ beyond the replicate noise) whose sign error is at most x; the "
+                               "further left the curve, the better; grey dotted: the ceiling (the replicate gap), red "
+                               "dashed: the floor (pure-noise measures' mean sign error).", "main"))
+    return out
+
+
+DESIGN_MEASURES = 7
+"""Measures drawn against each swept axis (the highest τ first), besides the gap."""
+
+
+def _design_figures(analysis: Analysis, ranked: list[str], flipped: Mapping[str, bool]) -> list[FigureEntry]:
+    """One figure per swept axis: the gap and the leading measures against it, a point per run."""
+    frame = analysis.included
+    if not len(frame):
+        return []
+    rows = {r["measure"]: r for r in analysis.correlations.to_dict(orient="records")}
+    keys = ranked[:DESIGN_MEASURES]
+    labels = (frame["model.name"] if "model.name" in frame.columns else frame["experiment"]).astype(str)
+    out = []
+    for axis in analysis.axes:
+        if axis not in frame.columns or frame[axis].astype(str).nunique() < 2:
+            continue
+        drawn = plots.axis_figure(frame, axis, keys, analysis.gap, analysis.gap_column, labels, rows, flipped)
+        values = {k: pd.to_numeric(frame[k], errors="coerce").to_numpy(dtype=float)
+                  for k in [analysis.gap_column, *keys]}
+        points = [[*p, _json_number(values[drawn.panels[p[3]]][p[2]])] for p in drawn.points]
+        out.append(FigureEntry(f"design_{plot_filename(axis)}.png", drawn.png,
+                               f"The gap and the {len(keys)} measures of highest τ against `{axis}`: a point is a run "
+                               "(the pointer shows its configuration), the black bar the mean of the n runs at each "
+                               "value; ψ here: the measure's τ among runs that differ in this axis only (* beyond "
+                               "noise after Holm).", "design", drawn.width, drawn.height,
+                               {"points": points, "panels": drawn.panels}, axis))
     return out
 
 
@@ -140,9 +177,18 @@ def _history_figures(analysis: Analysis, records: list[RunRecord] | None, levels
         histories = {r.run_id: r.info.get("history") or [] for r in used}
         ratios = {r.run_id: (r.info.get("config") or {}).get("data", {}).get("random_label_ratio") for r in used}
         if any(histories.values()):
-            out.append(FigureEntry("training_curves.png", plots.training_curves_figure(histories, ratios),
-                                   "Train accuracy (on the labels trained on, left) and test accuracy (right) at every "
-                                   "evaluated epoch: the gap at the end is a memorization gap.", "main"))
+            targets = {to_float(((r.info.get("config") or {}).get("train") or {}).get("target_train_loss"))
+                       for r in used}
+            target = next(iter(targets)) if len(targets) == 1 and np.isfinite(next(iter(targets))) else None
+            firsts = [float(plots.epoch_curves(h)[0][0]) for h in histories.values() if len(plots.epoch_curves(h)[0])]
+            out.append(FigureEntry("training_curves.png", plots.training_curves_figure(histories, ratios, target),
+                                   "Accuracy (top) and cross-entropy (bottom, log scale) of every run: on the labels "
+                                   "trained on, the running value of every epoch from epoch 1 (left); on the test set "
+                                   "at the evaluated epochs (right)"
+                                   + (f"; dashed: the target train loss {target:g} that stops training" if target
+                                      else "") + ". Colour: the random-label ratio.", "main",
+                                   extra={"first_epoch": min(firsts) if firsts else None, "runs": len(firsts),
+                                          "target_train_loss": target}))
     if levels is not None and len(levels):
         snap = levels[levels["level"].astype(str) != plots.FINAL_LEVEL]
         has = [m for m in dict.fromkeys(snap["measure"].astype(str))
@@ -183,6 +229,7 @@ def draw_figures(analysis: Analysis, plot_dir: Path, families: Mapping[str, str]
     ranked = [k for k, t in zip(keys, analysis.correlations["kendall_tau"]) if np.isfinite(to_float(t))]
     labels = plots.model_labels(frame)
     out = _main_figures(analysis, ranked, families, labels, drawn)
+    out += _design_figures(analysis, ranked, {k: not analysis.larger_is_sharper.get(k, True) for k in ranked})
     out += _history_figures(analysis, records, levels, families)
     out += _scatter_grids(analysis, by_family(drawn, families), families, labels)
     out += _audit_figures(audits or [], analysis.gap)

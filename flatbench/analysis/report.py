@@ -39,10 +39,17 @@ from flatbench.analysis.document import Document
 from flatbench.analysis.families import family_of
 from flatbench.analysis.figures import draw_figures, plot_filename
 from flatbench.analysis.fmt import ci_text, num, p_text
-from flatbench.analysis.plots import model_labels
 from flatbench.analysis.stats import MIN_RUNS, N_BOOT, Analysis, analyze
-from flatbench.analysis.table import RunRecord, build_table, load_records, read_measures_file, to_float
+from flatbench.analysis.table import (
+    NON_MODEL_FIELDS,
+    RunRecord,
+    build_table,
+    load_records,
+    read_measures_file,
+    to_float,
+)
 from flatbench.analysis.verdict import build_verdict
+from flatbench.analysis.verdict_block import verdict_block
 from flatbench.config import ReportConfig
 from flatbench.errors import FlatbenchError
 
@@ -197,17 +204,21 @@ def _context(exp_dirs: list[Path], out_dir: Path, records: list[RunRecord], tabl
                              n_boot, seed, min_train_acc, endpoint, levels, measure_info)
 
 
+HOVER_ALWAYS = ("model.name", "data.dataset", "data.random_label_ratio", "seed")
+
+
 def hover_runs(ctx: sec.ReportContext) -> list[dict[str, Any]]:
     """What the page's hover says about each run used (in the order of the scatter grids' run indices):
-    id, gap, and model, ratio, seed and every swept hyperparameter."""
+    id, gap, and its configuration: the model, dataset, ratio and seed, then every config field that
+    differs between the runs (the swept axes, data draws, ...), each once."""
     frame = ctx.analysis.included
-    labels = model_labels(frame) if len(frame) else pd.Series(dtype=str)
-    cols = [c for c in ["data.random_label_ratio", "seed", *ctx.analysis.axes] if c in frame.columns]
-    cols = list(dict.fromkeys(cols))
+    config = [c for c in frame.columns if c == "seed" or c.split(".", 1)[0] in ("data", "model", "train")]
+    varying = [c for c in config if c not in NON_MODEL_FIELDS and frame[c].astype(str).nunique() > 1]
+    cols = list(dict.fromkeys([c for c in (*HOVER_ALWAYS, *ctx.analysis.axes, *varying) if c in frame.columns]))
     out = []
-    for i, (_, r) in enumerate(frame.iterrows()):
+    for _, r in frame.iterrows():
         gap = to_float(r.get(ctx.analysis.gap_column))
-        fields = [["model", str(labels.iloc[i])]] + [[c, str(r[c])] for c in cols]
+        fields = [[c, str(r[c])] for c in cols]
         out.append({"id": str(r["run_id"]), "gap": gap if math.isfinite(gap) else None, "fields": fields})
     return out
 
@@ -215,11 +226,11 @@ def hover_runs(ctx: sec.ReportContext) -> list[dict[str, Any]]:
 def build_document(ctx: sec.ReportContext) -> Document:
     """The report, section by section (see `sections` and `sections_detail`)."""
     doc = Document(title=f"flatbench report: {', '.join(p.name for p in ctx.exp_dirs)}")
-    for section in (sec.summary_section, sec.verdict_section, sec.figures_section, sec.audit_section,
-                    detail.ranking_section, detail.levels_section, detail.endpoint_section, detail.excluded_section,
+    for section in (verdict_block, sec.summary_section, sec.figures_section, sec.audit_section,
+                    detail.statistics_section, detail.levels_section, detail.endpoint_section, detail.excluded_section,
                     detail.time_section, detail.runs_section, detail.config_section):
         section(doc, ctx)
-    doc.data = {"runs": hover_runs(ctx)}
+    doc.data = {"runs": hover_runs(ctx), "figures": {f.name: f.extra for f in ctx.figures if f.extra}}
     return doc
 
 

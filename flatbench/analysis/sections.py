@@ -13,14 +13,15 @@ from typing import Any
 
 import pandas as pd
 
-from flatbench.analysis.audit_digest import Audit, delta_text, measured_text, verdict_of
+from flatbench.analysis.audit_digest import Audit, delta_text, verdict_of
+from flatbench.analysis.audit_models import per_model_deltas
 from flatbench.analysis.document import Bullets, Details, Document, Heading, Image, Paragraph, Table
 from flatbench.analysis.families import family_rank
 from flatbench.analysis.figures import FigureEntry
-from flatbench.analysis.fmt import ci_text, is_true, num, p_phrase, p_text
+from flatbench.analysis.fmt import is_true, num
 from flatbench.analysis.stats import MIN_CI_RUNS, Analysis
 from flatbench.analysis.table import RunRecord, to_float
-from flatbench.analysis.verdict import Row, Verdict
+from flatbench.analysis.verdict import Verdict, pooled_models
 
 
 @dataclass
@@ -56,9 +57,14 @@ class ReportContext:
         return Path(os.path.relpath(rec.path, self.out_dir)).as_posix() + "/"
 
 
+PRINT_FULL: tuple[str, ...] = ()
+"""Figures too tall to read at the print sheet's figure height: printed up to a page tall."""
+
+
 def image(fig: FigureEntry) -> Image:
     """A figure as a document image (its hover data travels with it)."""
-    return Image(f"plots/{fig.name}", fig.png, fig.caption, fig.width, fig.height, fig.hover)
+    return Image(f"plots/{fig.name}", fig.png, fig.caption, fig.width, fig.height, fig.hover,
+                 css="full" if fig.name in PRINT_FULL else "")
 
 
 def best_group_text(corr: pd.DataFrame) -> str:
@@ -82,11 +88,7 @@ def _best_lines(ctx: ReportContext) -> list[str]:
     corr, verdict = ctx.corr, ctx.verdict
     if not verdict.rows:
         return ["No measure has a τ with the gap (see the verdict section for why)."]
-    top = verdict.rows[0]
-    tied = next((g for g in verdict.ties if top.measure in g), [])
-    tie_text = f"; tied at the same τ with {', '.join(f'`{m}`' for m in tied if m != top.measure)}" if tied else ""
-    lines = [(f"Highest τ: `{top.measure}` (Kendall τ = {ci_text(top.stats, 'kendall_tau')}, "
-              f"{p_phrase(top.stats.get('kendall_p'))} by permutation, n = {top.stats['n']}{tie_text}).")]
+    lines = []
     if verdict.can_compare:
         lines.append(best_group_text(corr))
     else:
@@ -128,63 +130,17 @@ def summary_section(doc: Document, ctx: ReportContext) -> None:
         doc.add(Paragraph("Hyperparameter axes that vary: " + ", ".join(f"`{x}`" for x in a.axes) + "."))
 
 
-def _label(row: Row, verdict: Verdict, rank: int) -> str:
-    """The row's label against the best measure (with the Holm-adjusted p), or why there is none."""
-    if not verdict.can_compare:
-        return ("highest τ; " if rank == 1 else "") + f"cannot compare (n < {MIN_CI_RUNS})"
-    label = str(row.stats.get("vs_best") or "")
-    p = to_float(row.stats.get("vs_best_p_holm"))
-    text = label + (f" ({p_text(p)})" if label not in ("best", "") and math.isfinite(p) else "")
-    return text + (" (borderline)" if is_true(row.stats.get("vs_best_borderline")) else "")
-
-
-def _verdict_cells(row: Row, verdict: Verdict, rank: int, flipped: bool) -> list[str]:
-    tau = ci_text(row.stats, "kendall_tau") + (f" (tie {row.tie})" if row.tie else "")
-    cells = [str(rank), f"`{row.measure}`" + (" (−)" if flipped else ""), row.family, row.cost,
-             ", ".join(row.declared) or "none", measured_text(row.measured), tau, p_text(row.stats.get("kendall_p")),
-             _label(row, verdict, rank)]
-    for model in verdict.models:
-        tau_m, n = row.per_model.get(model, (math.nan, 0))
-        cells.append(f"{num(tau_m)} (n {n})")
-    return cells
-
-
-def verdict_section(doc: Document, ctx: ReportContext) -> None:
-    """The verdict table (one row per measure with a τ), its ties, and the measures without a value listed
-    once with their reason: the part of the report a researcher reads first, so it must fit the page."""
-    verdict = ctx.verdict
-    doc.add(Heading(2, "Verdict", "verdict"))
-    models = verdict.models
-    doc.add(Paragraph(
-        "One row per measure with a τ, highest τ first. τ: Kendall's τ-b with the gap, its 95% interval of the "
-        f"two-way cluster bootstrap from {MIN_CI_RUNS} runs on ({ctx.analysis.resampling or 'no resampling'}); p: its permutation p-value; vs best: Holm-adjusted paired comparison "
-        "with the highest τ (its adjusted p). Invariance: the transformation families the measure declares itself "
-        "invariant to, and what the rescaling audit measured: holds (|Δτ| ≤ 1e-12 in every draw), breaks "
-        "(declared but τ moved), moves or unchanged (not declared); see the audit section."
-        + (f" Models pooled: τ within each model ({', '.join(f'`{m}`' for m in models)}), n its runs; the pooled τ "
-           "can come from the gap between the models rather than the order within each." if models else "")
-        + " In the HTML page the table sorts by any column and filters by family, cost and invariance."))
-    headers = ["#", "measure", "family", "cost", "invariant to (declared)", "audit: largest |Δτ|", "Kendall τ [95% CI]",
-               "p", "vs best (Holm p)", *[f"τ `{m}`" for m in models]]
-    flip = ctx.analysis.larger_is_sharper
-    rows = [_verdict_cells(r, verdict, i, not flip.get(r.measure, True)) for i, r in enumerate(verdict.rows, 1)]
-    attrs = [{"family": r.family.replace(" ", "_"), "cost": r.cost, "invariance": " ".join(r.declared) or "none"}
-             for r in verdict.rows]
-    doc.add(Table(headers, rows, [True, False, False, False, False, False, True, True, False, *[True] * len(models)],
-                  table_id="verdict", sortable=True, filters=["family", "cost", "invariance"], row_attrs=attrs,
-                  compact=True))
-    if verdict.ties:
-        doc.add(Paragraph("Ties (the same τ): " + "; ".join(
-            f"tie {i}: " + " = ".join(f"`{m}`" for m in group) for i, group in enumerate(verdict.ties, 1)) + "."))
-    if verdict.missing:
-        doc.add(Paragraph(f"{len(verdict.missing)} measure(s) have no τ and are not drawn in any figure:"))
-        doc.add(Bullets([f"`{m}`: {why}" for m, why in verdict.missing]))
-
-
 def figures_section(doc: Document, ctx: ReportContext) -> None:
     """The figures in reading order, then the scatter grids by family (the comparison matrix only where
     there are intervals: below 10 runs every cell would say "not significant")."""
     doc.add(Heading(2, "Figures", "figures"))
+    design = [f for f in ctx.figures if f.group == "design"]
+    if design:
+        doc.add(Paragraph(f"The design: the gap and the leading measures against each of the {len(design)} swept axes "
+                          "(in the HTML page a select chooses the axis; printed, every axis is shown)."))
+        for fig in design:
+            doc.add(Image(f"plots/{fig.name}", fig.png, fig.caption, fig.width, fig.height, fig.hover, css="facet",
+                          key=fig.title))
     for name in ("ranking.png", "vs_ratio.png", "agreement.png", "comparisons.png", "sign_errors.png",
                  "training_curves.png", "tau_by_level.png"):
         fig = ctx.figure(name)
@@ -213,7 +169,7 @@ def _audit_table(audit: Audit) -> Table:
         rows.append([f"`{r['measure']}`", str(r["family"]), "yes" if is_true(r.get("declared_invariant")) else "no",
                      rng, str(int(to_float(r.get("n")) or 0)), num(r.get("tau_original")), after, delta_text(r),
                      verdict_of(r)])
-    return Table(["measure", "family", "declared invariant", "factor range", "n", "τ before", "τ after (mean)",
+    return Table(["measure", "rescaling", "declared invariant", "factor range", "n", "τ before", "τ after (mean)",
                   "Δτ (mean [min, max])", "invariance"], rows, [False, False, False, False, True, True, True, True, False],
                  sortable=True, compact=True)
 
@@ -236,6 +192,32 @@ def _audit_by_family(ctx: ReportContext, audit: Audit) -> Table:
                  [False, *[True] * 7])
 
 
+def _per_model_table(ctx: ReportContext, audit: Audit) -> Table | None:
+    """Δτ per model next to the pooled Δτ, where the study pools models (`audit_models`)."""
+    models = pooled_models(ctx.analysis.included)
+    if models is None or len(ctx.exp_dirs) != 1:
+        return None
+    mapping = dict(zip(ctx.analysis.included["run_id"].astype(str), models))
+    folder = ctx.exp_dirs[0] / Path(audit.where).parent
+    frame = per_model_deltas(folder, mapping, ctx.analysis.larger_is_sharper)
+    if not len(frame):
+        return None
+    names = sorted(set(frame["model"]))
+    lookup = {(r["measure"], r["max_factor"], r["model"]): r for r in frame.to_dict(orient="records")}
+    rows = []
+    for r in audit.frame.to_dict(orient="records"):
+        factor = to_float(r.get("max_factor"))
+        cells = [f"`{r['measure']}`", f"[1/{factor:g}, {factor:g}]" if math.isfinite(factor) else "n/a",
+                 delta_text(r)]
+        for m in names:
+            hit = lookup.get((str(r["measure"]), factor, m))
+            cells.append("n/a" if hit is None or not math.isfinite(to_float(hit["delta_mean"])) else
+                         f"{hit['delta_mean']:+.3f} (max {hit['delta_absmax']:.3f}, n {hit['n']})")
+        rows.append(cells)
+    return Table(["measure", "factor range", "pooled Δτ", *[f"Δτ `{m}`" for m in names]], rows,
+                 [False, False, True, *[True] * len(names)], sortable=True, compact=True)
+
+
 def audit_section(doc: Document, ctx: ReportContext) -> None:
     """Every rescaling audit found: a verdict on invariance belongs next to the verdict on the gap."""
     doc.add(Heading(2, "Rescaling audit", "audit"))
@@ -254,5 +236,9 @@ def audit_section(doc: Document, ctx: ReportContext) -> None:
         doc.add(_audit_by_family(ctx, audit))
         doc.add(Details(f"Every measure of this audit ({len(audit.frame)} rows: τ before and after, Δτ, n, invariance)",
                         [_audit_table(audit)]))
+        per_model = _per_model_table(ctx, audit)
+        if per_model is not None:
+            doc.add(Details(f"Δτ within each model ({', '.join(f'`{m}`' for m in ctx.verdict.models)}): the pooled "
+                            "Δτ can come from a rescaling moving one model's values as a block", [per_model]))
         if audit.where in figures:
             doc.add(image(figures[audit.where]))

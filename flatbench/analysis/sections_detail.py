@@ -1,7 +1,6 @@
-"""The report's detail sections, after the verdict, figures and audit (`sections`): every statistic of
-the ranking, the within-design statistics, τ per training-loss level, the training endpoint, the runs
-left out, the measures' status and time, the runs and the study config. Tables are split so that each
-fits the page (no sideways scrolling); long notes are listed under a table, not in a column."""
+"""The report's detail sections, after the verdict, figures and audit (`sections`): the statistics the
+verdict table leaves out (never its τ, interval or label again), τ per training-loss level, the training
+endpoint, the runs left out, the measures' status and time, the runs and the study config."""
 
 from __future__ import annotations
 
@@ -12,10 +11,11 @@ import pandas as pd
 
 from flatbench import store
 from flatbench.analysis.document import Bullets, CodeBlock, Details, Document, Heading, Paragraph, Table
-from flatbench.analysis.fmt import ci_text, num, p_text, seconds_text
+from flatbench.analysis.fmt import is_true, num, p_text, seconds_text
 from flatbench.analysis.sections import ReportContext
 from flatbench.analysis.stats import MIN_CMI_PAIRS, MIN_RUNS
 from flatbench.analysis.table import to_float
+from flatbench.analysis.verdict_block import short_axis
 from flatbench.measures.keys import parse_key
 
 MAX_RUN_ROWS = 300
@@ -26,13 +26,6 @@ def _with_p(value: Any, p: Any) -> str:
     """A statistic with its p-value in brackets (the value alone when it has no p)."""
     text = num(value)
     return text if text == "n/a" or not math.isfinite(to_float(p)) else f"{text} (p {p_text(p)})"
-
-
-def _vs_best_text(r: dict[str, Any]) -> str:
-    label = str(r.get("vs_best") or "")
-    p = to_float(r.get("vs_best_p_holm"))
-    text = label + (f" ({p_text(p)})" if label not in ("best", "") and math.isfinite(p) else "")
-    return text + (" (borderline)" if str(r.get("vs_best_borderline")) == "True" else "")
 
 
 def _ranking_text(ctx: ReportContext) -> str:
@@ -59,32 +52,54 @@ def _reference_records(ctx: ReportContext) -> list[dict[str, Any]]:
     return refs.to_dict(orient="records") if refs is not None and len(refs) else []
 
 
-def ranking_section(doc: Document, ctx: ReportContext) -> None:
-    """Every correlation statistic, for the reader who checks the verdict; notes under the table, so that
-    the table fits the page."""
-    doc.add(Heading(2, "Ranking", "ranking"))
+def _cmi_where(r: dict[str, Any]) -> str:
+    cond = str(r.get("cmi_condition") or "")
+    if cond in ("", "nan"):
+        return "n/a"
+    return "no conditioning (unconditional)" if cond == "none" else f"`{cond}`"
+
+
+def statistics_section(doc: Document, ctx: ReportContext) -> None:
+    """What the verdict table leaves out, once per measure (never τ, its interval or the label again):
+    the permutation p, ρ and r, psi_data, the ψ p-values, where CMI is attained, the environments, the
+    replicate pairs and the Monte-Carlo SE/spread; collapsed, and opened by printing."""
+    doc.add(Heading(2, "More statistics", "statistics"))
     corr = ctx.corr
-    doc.add(Paragraph(_ranking_text(ctx)))
     if not len(corr):
         doc.add(Paragraph("No measure values were found in these folders (run `flatbench measure` first)."))
         return
-    records = corr.to_dict(orient="records")
-    rows = [[str(i), f"`{r['measure']}`", "larger" if r["larger_is_sharper"] else "smaller", str(r["n"]),
-             ci_text(r, "kendall_tau"), p_text(r.get("kendall_p")), _vs_best_text(r), ci_text(r, "spearman_rho"),
-             ci_text(r, "pearson_r")] for i, r in enumerate(records, 1)]
-    rows += [["ref", f"`{r['measure']}`", "", str(r["n"]), ci_text(r, "kendall_tau"), p_text(r.get("kendall_p")),
-              "reference", ci_text(r, "spearman_rho"), ci_text(r, "pearson_r")] for r in _reference_records(ctx)]
-    doc.add(Table(["#", "measure", "sharper when", "n", "Kendall τ [95% CI]", "p", "vs best (Holm p)",
-                   "Spearman ρ [95% CI]", "Pearson r [95% CI]"], rows,
-                  [True, False, False, True, True, True, False, True, True], sortable=True, compact=True))
-    notes = [f"`{r['measure']}`: {r['note']}" for r in records + _reference_records(ctx) if r.get("note")]
-    if notes:
-        doc.add(Paragraph("Notes:"))
-        doc.add(Bullets(notes))
+    axes = ctx.analysis.axes
+    doc.add(Paragraph(_ranking_text(ctx) + " " + (_design_text(ctx) if axes else "") + " ρ and r with their "
+                      "intervals: correlations.csv."))
+    doc.add(Paragraph("Replicate pairs: the share of pairs of runs of one configuration (they differ only in their seed "
+                      "or data draw) whose measure difference has the gap's sign (0.5 = chance); its p-value only from "
+                      "5 data draws on (two-way bootstrap). SE/spread: a Monte-Carlo measure's median standard error "
+                      "over the standard deviation of its values."))
+    records = corr.to_dict(orient="records") + _reference_records(ctx)
+    rows = []
+    for r in records:
+        psi_p = [p_text(r.get(f"p_psi_holm_{a}") if r.get("kind") != "reference" else r.get(f"p_psi_{a}"))
+                 for a in axes]
+        rows.append([f"`{r['measure']}`", "larger" if is_true(r.get("larger_is_sharper")) else "smaller",
+                     p_text(r.get("kendall_p")), num(r.get("spearman_rho")), num(r.get("pearson_r")),
+                     num(r.get("psi_data")), *psi_p, _cmi_where(r), num(r.get("cmi_min_pairs"), 0),
+                     f"{r.get('n_environments', 0)} ({r.get('n_environments_small', 0)})",
+                     _with_p(r.get("seed_pairs_concordant"), r.get("seed_pairs_p")), str(r.get("n_seed_pairs", 0)),
+                     num(r.get("se_ratio"))])
+    k = len(axes)
+    headers = ["measure", "sharper when", "p (τ)", "Spearman ρ", "Pearson r", "psi_data",
+               *[f"p ψ {short_axis(a)}" for a in axes], "CMI attained at", "CMI min pairs", "environments (small)",
+               "replicate pairs ordered", "replicate pairs", "SE/ spread"]
+    doc.add(Details(f"p, ρ, r, psi_data, the p-value of each ψ, CMI's conditioning, environments and replicate pairs "
+                    f"of the {len(corr)} measures and the references", [Table(
+                        headers, rows, [False, False, True, True, True, True, *[True] * k, False, True, True, True,
+                                        True, True],
+                        sortable=True, compact=True,
+                        ascending=[False, False, True, False, False, False, *[True] * k, False, False, False, False,
+                                   False, False])]))
     if len(ctx.analysis.included) < MIN_RUNS:
         doc.add(Paragraph(f"Correlations need at least {MIN_RUNS} trained runs; this study has "
                           f"{len(ctx.analysis.included)}."))
-    design_section(doc, ctx)
 
 
 def _design_text(ctx: ReportContext) -> str:
@@ -92,42 +107,13 @@ def _design_text(ctx: ReportContext) -> str:
     return ("ψ per axis: the mean τ over the blocks of runs that share every other axis and the data draw (they "
             "differ in that axis only). Ψ is their mean over the training axes "
             f"({', '.join(f'`{a}`' for a in analysis.training_axes) or 'none'}), psi_data over the data axes "
-            f"({', '.join(f'`{a}`' for a in analysis.data_axes) or 'none'}). In brackets the p-value of each ψ from "
+            f"({', '.join(f'`{a}`' for a in analysis.data_axes) or 'none'}). The p-value of each ψ comes from "
             f"the two-way bootstrap of its block mean, Holm-adjusted over all {analysis.psi_family} ψ tests of the "
             "study. CMI: the minimum over conditioning sets of at most two axes (never a replicate field) of Jiang "
             f"et al.'s normalized conditional mutual information, given only when every cell holds at least "
             f"{MIN_CMI_PAIRS} pairs of runs. Sign error: Dziugaite et al.'s, mean and worst over the environments with "
             "at least 10 pairs whose gap difference exceeds the replicate noise (0.5 = chance; environments.csv "
             "lists every environment).")
-
-
-def design_section(doc: Document, ctx: ReportContext) -> None:
-    """ψ per axis, Ψ and psi_data; then CMI, Dziugaite et al.'s sign errors, replicate pairs and the SE/spread;
-    the reference rows last."""
-    axes = ctx.analysis.axes
-    records = ctx.corr.to_dict(orient="records") + _reference_records(ctx)
-    doc.add(Heading(3, "Within the design: granulated Kendall, CMI, sign errors, replicate pairs"))
-    if axes:
-        doc.add(Paragraph(_design_text(ctx)))
-        doc.add(Details("ψ per axis, Ψ and psi_data, per measure", [
-            Table(["measure", *[f"ψ `{a}`" for a in axes], "Ψ", "psi_data"],
-                  [[f"`{r['measure']}`", *[_with_p(r.get(f"psi_{a}"), r.get(f"p_psi_holm_{a}")
-                                                    if r.get("kind") != "reference" else r.get(f"p_psi_{a}"))
-                                           for a in axes], num(r["psi"]), num(r.get("psi_data"))] for r in records],
-                  [False, *[True] * (len(axes) + 2)], sortable=True, compact=True)]))
-    doc.add(Paragraph("Replicate pairs: the share of pairs of runs of one configuration (they differ only in their seed "
-                      "or data draw) whose measure difference has the gap's sign (0.5 = chance); its p-value only from "
-                      "5 data draws on (two-way bootstrap). SE/spread: a Monte-Carlo measure's median standard error "
-                      "over the standard deviation of its values."))
-    doc.add(Details("CMI, sign errors, replicate pairs and SE/spread, per measure", [Table(
-                  ["measure", "CMI", "CMI attained at", "CMI min pairs", "sign error mean", "sign error worst",
-                   "environments (not averaged)", "replicate pairs ordered", "replicate pairs", "SE/spread"],
-                  [[f"`{r['measure']}`", num(r["cmi"]), f"`{r['cmi_condition']}`" if r["cmi_condition"] else "n/a",
-                    num(r.get("cmi_min_pairs"), 0), num(r.get("sign_error_mean")), num(r.get("sign_error_worst")),
-                    f"{r.get('n_environments', 0)} ({r.get('n_environments_small', 0)})",
-                    _with_p(r.get("seed_pairs_concordant"), r.get("seed_pairs_p")),
-                    str(r.get("n_seed_pairs", 0)), num(r.get("se_ratio"))] for r in records],
-                  [False, True, False, True, True, True, True, True, True, True], sortable=True, compact=True)]))
 
 
 def levels_section(doc: Document, ctx: ReportContext) -> None:

@@ -6,6 +6,12 @@ a reader's browser shows them: every image loads, the console logs no error, no 
 the filters hide rows, the pointer over a scatter point shows that point's run id, and with scripts off
 the tables and images are still there.
 
+The committed reports and the comparison page (issue 28) are opened at 1440×900 in one browser session:
+the verdict block's columns on the first screen, the floor and ceiling rows, no table wider than the
+window, the comparison page's heatmap first and its table's scroll width within 1440 px, a design figure
+per swept axis that the page's select shows, training curves from epoch 1; printed (A4, Chromium's
+printToPDF), every collapsed section open and tsuzuku_mnist's report within its page budget.
+
 Chromium and chromedriver come from Debian's `chromium` and `chromium-driver` packages (`.ci/run` installs
 them). Without them the tests are skipped locally and fail in CI (where `CI` is set), so that CI never
 passes without having opened the pages.
@@ -211,17 +217,142 @@ def test_comparison_in_a_browser(browser_factory, pages):
 
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "cpu"
 STUDIES = ("hyperparameters", "tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist")
+REPORTS = (*STUDIES, "natural", "natural/gap_acc")
+VERDICT_COLUMNS = ("Kendall τ [95% CI]", "vs best (Holm p)", "Ψ", "CMI", "sign error mean", "sign error worst",
+                   "audit: largest |Δτ|")
+PAGE_BUDGET = {"tsuzuku_mnist": 12}
+"""A4 pages the committed report may print to, every collapsed section open (issue 28)."""
+
+
+def _first_screen(driver, page: Path) -> None:
+    """A 1440×900 window at the top of the page."""
+    driver.set_window_size(1440, 900)
+    _open(driver, page)
+    driver.execute_script("window.scrollTo(0, 0);")
+
+
+def _verdict_on_first_screen(driver) -> list[str]:
+    """The verdict table's header texts, after checking that the design sentence, the headline and the
+    header row are inside the first screen."""
+    height = driver.execute_script("return window.innerHeight;")
+    tops = driver.execute_script(
+        "return ['p.design', 'p.headline', '#verdict thead'].map(s => document.querySelector(s))"
+        ".map(e => e ? e.getBoundingClientRect().bottom : null);")
+    assert all(t is not None and 0 < t <= height for t in tops), (tops, height)
+    return driver.execute_script("return Array.from(document.querySelectorAll('#verdict thead th'))"
+                                 ".map(h => h.textContent.trim());")
+
+
+@pytest.fixture(scope="module")
+def reader(browser_factory):
+    """One browser for the committed pages (a session per page would double the tests' time)."""
+    return browser_factory()
+
+
+def _axes(study: str) -> list[str]:
+    """The study's swept axes, as its correlations.csv names them (a ψ column per axis)."""
+    columns = (COMMITTED / study / "correlations.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
+    return [c[len("psi_"):] for c in columns if c.startswith("psi_") and c != "psi_data"]
+
+
+@pytest.mark.parametrize("study", REPORTS)
+def test_a_committed_report_puts_the_verdict_first(reader, study):
+    """Issue 28: the design sentence, and the verdict table with τ, vs best, Ψ, ψ per swept axis, CMI, sign
+    errors and the audit, on the first screen at 1440×900; the floor and ceiling rows below it; each ψ of
+    the strip coloured; no table wider than the window."""
+    driver = reader
+    page = COMMITTED / study / "report.html"
+    _first_screen(driver, page)
+    headers = _verdict_on_first_screen(driver)
+    for column in VERDICT_COLUMNS:
+        assert column in headers, (column, headers)
+    psi = [h for h in headers if h.startswith("ψ ")]
+    axes = _axes(study)
+    assert len(psi) == len(axes) >= 1, (psi, axes)
+    refs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#verdict tfoot tr')).map(r => r.cells[1].textContent.trim());")
+    assert refs == ["ref.random", "ref.replicate_gap"], refs
+    colored = driver.execute_script(
+        "var i = Array.from(document.querySelectorAll('#verdict thead th')).findIndex(h => h.textContent.startsWith('ψ '));"
+        "return Array.from(document.querySelectorAll('#verdict tbody tr')).filter(r => r.cells[i].style.background).length;")
+    assert colored >= 1
+    width = driver.execute_script("return Math.max(...Array.from(document.querySelectorAll('table')).map(t => t.scrollWidth));")
+    assert width <= 1440, width
+
+
+def test_the_committed_comparison_compares(reader):
+    """Issue 28: the heatmap on the first screen, a row per study (n, dataset, model, swept axes), and one
+    compact table whose scroll width fits 1440 px and that sorts every study's column by number."""
+    from selenium.webdriver.common.by import By
+
+    driver = reader
+    page = COMMITTED / "comparison" / "comparison.html"
+    _first_screen(driver, page)
+    height = driver.execute_script("return window.innerHeight;")
+    top = driver.execute_script("return document.querySelector('figure img').getBoundingClientRect().top;")
+    assert 0 < top < height
+    studies = driver.execute_script("return Array.from(document.querySelectorAll('#studies thead th'))"
+                                    ".map(h => h.textContent.trim());")
+    assert {"study", "n runs", "dataset", "model", "swept axes"} <= set(studies)
+    assert len(_column(driver, "studies", 0)) == 6
+    width = driver.execute_script("return document.getElementById('comparison').scrollWidth;")
+    assert width <= 1440, width
+    headers = driver.find_elements(By.CSS_SELECTOR, "#comparison thead th")
+    for col in range(2, len(headers)):
+        headers[col].click()
+        values = [_number(t) for t in _column(driver, "comparison", col)]
+        finite = [v for v in values if not math.isnan(v)]
+        assert finite == sorted(finite, reverse=True), col
+        assert all(math.isnan(v) for v in values[len(finite):]), col  # words ("–", "no τ") last
+
+
+def _print_pdf(driver, page: Path) -> bytes:
+    import base64
+
+    _open(driver, page)
+    pdf = driver.execute_cdp_cmd("Page.printToPDF", {"paperWidth": 8.27, "paperHeight": 11.69,
+                                                      "preferCSSPageSize": True, "printBackground": True})
+    return base64.b64decode(pdf["data"])
+
+
+def _pages(pdf: bytes) -> int:
+    import re
+
+    return len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", pdf))
+
+
+@pytest.mark.parametrize("study", ["tsuzuku_mnist", "comparison"])
+def test_a_committed_page_prints_everything_within_its_budget(reader, study):
+    """Issue 28: printed, every collapsed section is open (its content laid out), and tsuzuku_mnist's report
+    fits its A4 page budget; the comparison page prints every study's column (no table wider than A4)."""
+    driver = reader
+    page = COMMITTED / study / ("comparison.html" if study == "comparison" else "report.html")
+    _open(driver, page)
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+    driver.set_window_size(760, 1100)  # about A4's printable width at 96 px per inch
+    hidden = driver.execute_script(
+        "return Array.from(document.querySelectorAll('details')).filter(d => Array.from(d.children)"
+        ".some(c => c.tagName !== 'SUMMARY' && c.getClientRects().length === 0)).length;")
+    assert hidden == 0
+    if study == "comparison":
+        wide = driver.execute_script("return Array.from(document.querySelectorAll('table'))"
+                                     ".filter(t => t.scrollWidth > document.body.clientWidth + 1).length;")
+        assert wide == 0
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+    pages = _pages(_print_pdf(driver, page))
+    assert 1 <= pages <= PAGE_BUDGET.get(study, 6), pages
 
 
 @pytest.mark.parametrize("study", STUDIES)
-def test_a_committed_report_in_a_browser(browser_factory, study):
+def test_a_committed_report_in_a_browser(reader, study):
     """The committed reports as a reader opens them: every image loads, nothing is fetched, no console error,
     and each of the verdict table's filters (family, cost, invariance) keeps some rows and hides others."""
     from selenium.webdriver.common.by import By
 
     page = COMMITTED / study / "report.html"
     assert page.is_file(), f"{page} is committed with the study"
-    driver = browser_factory()
+    driver = reader
+    driver.set_window_size(1280, 1000)
     _check_loads_offline(driver, page)
     total = len(_column(driver, "verdict", 0))
     assert total >= 10
@@ -236,9 +367,42 @@ def test_a_committed_report_in_a_browser(browser_factory, study):
         assert len(_column(driver, "verdict", 0)) == total
 
 
-def test_the_committed_comparison_in_a_browser(browser_factory):
+def test_the_committed_comparison_in_a_browser(reader):
     page = COMMITTED / "comparison" / "comparison.html"
     assert page.is_file(), f"{page} is committed with the studies"
-    driver = browser_factory()
+    driver = reader
     _check_loads_offline(driver, page)
     assert len(_column(driver, "comparison", 0)) >= 10
+
+
+@pytest.mark.parametrize("study", REPORTS)
+def test_a_committed_report_facets_every_axis_and_curves_start_at_epoch_1(reader, study):
+    """Issue 28, the figures' data: a design figure per swept axis, each one the page's select can show
+    (the others hidden, their image loaded), every point of it a run of the hover data; the training
+    curves start at epoch 1 and draw the loss target."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = reader
+    driver.set_window_size(1440, 900)
+    _open(driver, COMMITTED / study / "report.html")
+    axes = _axes(study)
+    facets = driver.execute_script("return Array.from(document.querySelectorAll('figure.facet'))"
+                                   ".map(f => f.getAttribute('data-facet'));")
+    assert sorted(facets) == sorted(axes), (facets, axes)
+    data = json.loads(driver.find_element(By.ID, "fb-data").get_attribute("textContent"))
+    for fig in driver.find_elements(By.CSS_SELECTOR, "figure.facet"):
+        spec = json.loads(driver.find_element(By.ID, fig.get_attribute("id") + "-points").get_attribute("textContent"))
+        assert spec["points"] and all(0 <= p[2] < len(data["runs"]) for p in spec["points"])
+    if len(axes) > 1:
+        select = Select(driver.find_element(By.CSS_SELECTOR, "select[name=facet]"))
+        assert sorted(o.get_attribute("value") for o in select.options) == sorted(axes)
+        for axis in axes:
+            select.select_by_value(axis)
+            shown = driver.execute_script(
+                "return Array.from(document.querySelectorAll('figure.facet')).filter(f => f.offsetParent !== null)"
+                ".map(f => [f.getAttribute('data-facet'), f.querySelector('img').naturalWidth]);")
+            assert len(shown) == 1 and shown[0][0] == axis and shown[0][1] > 0, (axis, shown)
+    curves = data["figures"]["training_curves.png"]
+    assert curves["first_epoch"] == 1 and curves["runs"] >= 10
+    assert curves["target_train_loss"] is not None

@@ -160,22 +160,52 @@ def _sparse_history(epochs: int, every: int, ratio: float) -> list[dict]:
 
 
 @pytest.mark.parametrize("n_runs", [4, 24])
-def test_training_curves_show_every_evaluated_epoch(n_runs):
-    """With eval_every: 5 each run's train and test lines hold exactly its evaluated epochs (5, 10, ...), with
-    a marker on each: a line through the unevaluated epochs would break into invisible single points."""
+def test_training_curves_start_at_epoch_1_and_mark_every_evaluated_epoch(n_runs):
+    """With eval_every: 5 each run's train lines (accuracy and loss) hold every epoch from epoch 1 (the
+    running values), its test line exactly its evaluated epochs (5, 10, ...) with a marker on each: a line
+    through the unevaluated epochs would break into invisible single points."""
     histories = {f"run{i}": _sparse_history(23 + i % 3, 5, i / n_runs) for i in range(n_runs)}
     ratios = {name: i / n_runs for i, name in enumerate(histories)}
-    fig = plots.draw_training_curves(histories, ratios)
-    train_ax, test_ax = fig.axes[:2]
-    for ax in (train_ax, test_ax):
+    fig = plots.draw_training_curves(histories, ratios, target_loss=0.01)
+    train_ax, test_ax, loss_ax = fig.axes[:3]
+    for ax in (train_ax, test_ax, loss_ax):
         lines = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
         assert set(lines) == set(histories)
         for name, history in histories.items():
-            evaluated = [h["epoch"] for h in history if "test_acc" in h]
-            assert list(lines[name].get_xdata()) == evaluated, name
+            want = [h["epoch"] for h in history if "test_acc" in h] if ax is test_ax else [h["epoch"] for h in history]
+            assert list(lines[name].get_xdata()) == want and want[0] == (5 if ax is test_ax else 1), name
             assert np.isfinite(lines[name].get_ydata()).all()
-            assert lines[name].get_marker() not in (None, "None", "", " ")
+            if ax is test_ax:
+                assert lines[name].get_marker() not in (None, "None", "", " ")
+    assert any(list(line.get_ydata()) == [0.01, 0.01] for line in loss_ax.get_lines())  # the loss target
     assert plots.training_curves_figure(histories, ratios).startswith(PNG)
+
+
+def test_training_curves_of_a_committed_study_with_eval_every_5():
+    """Ibayashi et al.'s committed study evaluates every 5 epochs: every run's train line starts at epoch 1
+    and its test line holds each of its evaluated epochs (the figure's data, not its pixels)."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    exp = Path(__file__).resolve().parents[2] / "results" / "cpu" / "ibayashi_mnist"
+    assert yaml.safe_load((exp / "study.yaml").read_text())["train"]["eval_every"] == 5
+    infos = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*/run.json"))]
+    histories = {info["run_id"]: info["history"] for info in infos}
+    ratios = {info["run_id"]: info["config"]["data"]["random_label_ratio"] for info in infos}
+    fig = plots.draw_training_curves(histories, ratios)
+    for ax, key in zip(fig.axes[:2], ("train_acc", "test_acc")):
+        lines = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
+        assert set(lines) == set(histories)
+        for run, history in histories.items():
+            evaluated = [float(h["epoch"]) for h in history if h.get(key) is not None]
+            assert list(lines[run].get_xdata()) == evaluated, run
+            if key == "test_acc":
+                assert len(evaluated) >= 2 and all(e % 5 == 0 for e in evaluated[:-1])
+                assert lines[run].get_marker() not in (None, "None", "", " ")
+            else:
+                assert evaluated[0] == 1.0
 
 
 def test_scatter_grid_maps_points_to_their_pixels():
@@ -221,27 +251,3 @@ def test_matrices_at_40_measures_fit_the_page():
     png = plots.agreement_figure(matrix, families)
     width, height = PILImage.open(io.BytesIO(png)).size
     assert width <= plots.PAGE_WIDTH * plots.DPI + 1 and height < 1.3 * width
-
-
-def test_training_curves_of_a_committed_study_with_eval_every_5():
-    """Ibayashi et al.'s committed study evaluates every 5 epochs: every run's line holds each of its
-    evaluated epochs (the figure's data, not its pixels)."""
-    import json
-    from pathlib import Path
-
-    import yaml
-
-    exp = Path(__file__).resolve().parents[2] / "results" / "cpu" / "ibayashi_mnist"
-    assert yaml.safe_load((exp / "study.yaml").read_text())["train"]["eval_every"] == 5
-    infos = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*/run.json"))]
-    histories = {info["run_id"]: info["history"] for info in infos}
-    ratios = {info["run_id"]: info["config"]["data"]["random_label_ratio"] for info in infos}
-    fig = plots.draw_training_curves(histories, ratios)
-    for ax, key in zip(fig.axes[:2], ("eval_train_acc", "test_acc")):
-        lines = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
-        assert set(lines) == set(histories)
-        for run, history in histories.items():
-            evaluated = [float(h["epoch"]) for h in history if h.get(key) is not None]
-            assert len(evaluated) >= 2 and all(e % 5 == 0 for e in evaluated[:-1])
-            assert list(lines[run].get_xdata()) == evaluated, run
-            assert lines[run].get_marker() not in (None, "None", "", " ")

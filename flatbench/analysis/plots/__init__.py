@@ -22,14 +22,15 @@ from flatbench.analysis.plots.common import (
     tau_text,
     use_log,
 )
+from flatbench.analysis.plots.design import axis_figure
 from flatbench.analysis.plots.levels import FINAL_LEVEL, tau_by_level_figure
 from flatbench.analysis.plots.matrices import agreement_figure, comparison_figure
 from flatbench.analysis.plots.ranking import ranking_figure, sign_error_figure
 from flatbench.analysis.plots.scatter import measure_figure, scatter_grid, scatter_panel, vs_ratio_figure
-from flatbench.analysis.plots.training import draw_training_curves, history_curves, training_curves_figure
+from flatbench.analysis.plots.training import draw_training_curves, epoch_curves, history_curves, training_curves_figure
 
 __all__ = ["CMAP", "DPI", "FINAL_LEVEL", "HEATMAP_FLOOR", "MARKERS", "PAGE_WIDTH", "Drawn", "agreement_figure",
-           "audit_heatmap_figure", "comparison_figure", "draw_training_curves", "gap_label", "history_curves",
+           "audit_heatmap_figure", "axis_figure", "comparison_figure", "draw_training_curves", "epoch_curves", "gap_label", "history_curves",
            "measure_figure", "model_labels", "png_bytes", "ranking_figure", "scatter_grid", "scatter_panel",
            "sign_error_figure", "tau_by_level_figure", "tau_text", "training_curves_figure", "use_log",
            "vs_ratio_figure"]

@@ -4,9 +4,9 @@ data points to PNG pixels that the HTML report's hover reads.
 No pyplot: figures are plain `Figure` objects rendered to PNG bytes and cleared, so a report over
 hundreds of measures leaves no global figure state behind and runs on a headless cluster node.
 
-Readability rules (print in black and white, small sizes): colour encodes only the random-label ratio
-(and, in the heatmaps, the value of the cell), on a perceptually uniform map (cividis) whose lightness
-alone orders the values; models and measures are told apart by marker shape and line style, never by hue
+Readability rules (print in black and white, small sizes): colour encodes the random-label ratio on a
+perceptually uniform map (cividis) whose lightness alone orders the values, and signed statistics (τ, ψ,
+differences of τ in the heatmaps) on a diverging map centred at 0 (`DIVERGING`); models and measures are told apart by marker shape and line style, never by hue
 alone; every marker has a dark edge. Figures are at most `PAGE_WIDTH` inches wide, so that the HTML page
 shows them at their own size (one PNG pixel per CSS pixel) and no text is scaled below its point size.
 """
@@ -30,6 +30,9 @@ from flatbench.analysis.fmt import p_phrase
 from flatbench.analysis.table import RATIO_COLUMN, to_float
 
 CMAP = "cividis"
+"""The random-label ratio (sequential: lightness orders the values)."""
+DIVERGING = "RdBu"
+"""Signed statistics centred at 0 (τ, ψ, differences of τ): red below 0, white at 0, blue above."""
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
 LINESTYLES = ("-", "--", ":", "-.")
 RATIO_NORM = Normalize(vmin=0.0, vmax=1.0)
@@ -105,6 +108,22 @@ def use_log(values: np.ndarray) -> bool:
     """Log axis when every value is positive and they span more than two decades."""
     finite = values[np.isfinite(values)]
     return bool(len(finite) >= 2 and finite.min() > 0 and finite.max() / finite.min() > 100.0)
+
+
+def set_value_scale(ax: Any, values: np.ndarray, axis: str = "y") -> str:
+    """Log scale when every value is positive and they span more than two decades (`use_log`), symmetric log
+    when values of both signs (or zeros) span more than two decades in size (e.g. PSI-flatness, 1e11 to
+    1e14 with a negative run), linear otherwise; returns the scale set."""
+    finite = values[np.isfinite(values)]
+    setter = ax.set_yscale if axis == "y" else ax.set_xscale
+    if use_log(finite):
+        setter("log")
+        return "log"
+    size = np.abs(finite[finite != 0])
+    if len(size) >= 2 and size.max() / size.min() > 100.0:
+        setter("symlog", linthresh=float(np.quantile(size, 0.1)))
+        return "symlog"
+    return "linear"
 
 
 def model_labels(frame: pd.DataFrame) -> pd.Series:

@@ -19,7 +19,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from flatbench.analysis.plots.common import CMAP, DPI, PAGE_WIDTH, empty_panel, ink_on, new_figure, png_bytes
+from flatbench.analysis.plots.common import DIVERGING, DPI, PAGE_WIDTH, empty_panel, ink_on, new_figure, png_bytes
 from flatbench.analysis.table import to_float
 
 FULL_VALUES = 16
@@ -89,7 +89,7 @@ def _heatmap(values: np.ndarray, labels: list[str], norm: Normalize, families: M
     fs = lay.cell_fs
     fig = Figure(figsize=(lay.width, lay.height), dpi=DPI)
     ax = fig.add_axes(lay.rect)
-    cmap = colormaps[CMAP].with_extremes(bad="white")
+    cmap = colormaps[DIVERGING].with_extremes(bad="white")
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
     tick_fs = lay.tick_fs
     ax.set_xticks(range(n), labels, rotation=90, fontsize=tick_fs)
@@ -97,7 +97,7 @@ def _heatmap(values: np.ndarray, labels: list[str], norm: Normalize, families: M
     ax.tick_params(length=2)
     if title:
         ax.set_title(title, fontsize=7, loc="left")
-    mapper = ScalarMappable(norm=norm, cmap=CMAP)
+    mapper = ScalarMappable(norm=norm, cmap=DIVERGING)
     scaled = n > FULL_VALUES
     for i in range(n):
         for j in range(n):

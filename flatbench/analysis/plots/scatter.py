@@ -29,6 +29,7 @@ from flatbench.analysis.plots.common import (
     ratio_colorbar,
     ratios_of,
     render_with_points,
+    set_value_scale,
     tau_text,
     use_log,
     wrap_key,
@@ -71,6 +72,7 @@ def scatter_panel(ax: Any, frame: pd.DataFrame, key: str, gap_col: str, labels: 
     log = use_log(y[ok])
     if se_column is not None:
         _error_bars(ax, x, y, _values(frame, se_column), ok, log)
+    set_value_scale(ax, y[ok])
     ratios = ratios_of(frame)
     for model, marker in markers.items():
         sel = ok & (labels.to_numpy() == model)
@@ -83,8 +85,6 @@ def scatter_panel(ax: Any, frame: pd.DataFrame, key: str, gap_col: str, labels: 
                        norm=RATIO_NORM, plotnonfinite=True, zorder=2, **kwargs)
         else:
             ax.scatter(x[sel], y[sel], color="0.5", zorder=2, **kwargs)
-    if log:
-        ax.set_yscale("log")
     ax.tick_params(labelsize=fs - 1.5 if small else fs - 1)
     ax.grid(True, linewidth=0.3, alpha=0.5)
     return ok
@@ -116,8 +116,10 @@ def _shared_legend(fig: Any, frame: pd.DataFrame, markers: Mapping[str, str], ax
     if len(markers) > 1:
         handles = [Line2D([], [], marker=m, color="0.6", markeredgecolor="black", markeredgewidth=0.4,
                           linestyle="none", markersize=5, label=name) for name, m in markers.items()]
+        fields = sorted({part.split("=")[0] for name in markers for part in str(name).split() if "=" in part})
         fig.legend(handles=handles, loc="outside upper center", ncols=min(len(markers), 6), fontsize=7,
-                   title="marker: model", title_fontsize=7, frameon=False)
+                   title="marker: " + (", ".join(f"model {f}" for f in fields) if fields else "model"),
+                   title_fontsize=7, frameon=False)
     if ratios_of(frame) is not None:
         ratio_colorbar(fig, axes, 7, shrink=0.5 if len(axes) > GRID_COLS else 0.9)
 
@@ -180,13 +182,13 @@ def vs_ratio_figure(frame: pd.DataFrame, keys: list[str], gap: str, gap_col: str
                             yerr=np.nan_to_num(stats["std"].to_numpy(), nan=0.0), marker=MARKERS[i % len(MARKERS)],
                             linestyle=LINESTYLES[i % len(LINESTYLES)], color=colors[i], markeredgecolor="black",
                             markeredgewidth=0.4, markersize=3.5, linewidth=1.0, capsize=2, label=model)
-        if use_log(y_all[np.isfinite(y_all)]):
-            ax.set_yscale("log")
+        set_value_scale(ax, y_all)
         ax.tick_params(labelsize=5.5)
         ax.grid(True, linewidth=0.3, alpha=0.5)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    fig.supxlabel("random-label ratio (mean ± std over seeds)", fontsize=8)
+    fig.supxlabel("random-label ratio (mean ± std over the runs of each model at each ratio: seeds and, where other "
+                  "axes vary, their values too)", fontsize=8)
     handles, names = axes[0].get_legend_handles_labels()
     if len(models) > 1 and handles:
         fig.legend(handles, names, loc="outside upper center", ncols=min(len(models), 6), fontsize=7, frameon=False)
