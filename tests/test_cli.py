@@ -258,8 +258,9 @@ def test_loss_target_snapshots_and_the_verdict_by_level(write_config, tmp_path):
     assert "WARNING" not in result.stdout  # every run ended at loss <= 0.2, within 10x of each other
     # the same runs judged against a lower loss bar: warned, not hidden
     from flatbench.analysis.report import write_report
+    from flatbench.config import ReportConfig
 
-    summary = write_report([exp], tmp_path / "r", min_train_acc=0.0, max_train_loss=1e-3, n_boot=10,
+    summary = write_report([exp], tmp_path / "r", ReportConfig(min_train_acc=0.0, max_train_loss=1e-3), n_boot=10,
                            echo=lambda _m: None)
     assert any("ended above train loss 0.001" in w for w in summary.warnings)
 

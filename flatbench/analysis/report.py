@@ -20,7 +20,6 @@ in `flatbench.analysis.stats`, the figures in `figures`, the document's sections
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -126,32 +125,37 @@ def write_statistics(exp_dirs: list[Path], out_dir: Path, records: list[RunRecor
     return table, analysis, levels, endpoint
 
 
-def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, gap: str | None = None,
-                 min_train_acc: float | None = None, quiet: bool = False, echo: Callable[[str], Any] = print,
-                 n_boot: int = N_BOOT, seed: int = 0, records: list[RunRecord] | None = None,
-                 stale: list[RunRecord] | None = None, report_cfg: Any = None,
-                 max_train_loss: float | None = None, max_loss_span: float | None = None,
-                 measure_info: dict[str, Any] | None = None) -> ReportSummary:
-    """Read the experiment folders (or use `records`), compute the statistics, write every report file,
-    print the ranking. `stale` runs are listed as not in this study. `measure_info` (measure name → an
-    object with `description`, `cost`, `invariant_to`, e.g. the registry's specs) describes the measures;
-    the report reads everything else from the files. The report settings (`gap`, `min_train_acc`,
-    `max_train_loss`, `max_loss_span`) are those given, else `report_cfg`'s, else `ReportConfig`'s
-    defaults: the one home of their default values.
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a report is built from besides its folders, when the caller has it: the runs (`records`; read
+    from the folders when None), the runs left out as not in the study (`stale`, listed as such) and the
+    measures' descriptions (`measure_info`: name → an object with `description`, `cost`, `invariant_to`,
+    e.g. the registry's specs; the report reads everything else from the files)."""
+
+    records: list[RunRecord] | None = None
+    stale: list[RunRecord] | None = None
+    measure_info: dict[str, Any] | None = None
+
+
+def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, settings: ReportConfig | None = None, *,
+                 inputs: ReportInputs = ReportInputs(), n_boot: int = N_BOOT, seed: int = 0, quiet: bool = False,
+                 echo: Callable[[str], Any] = print) -> ReportSummary:
+    """Read the experiment folders (or use `inputs.records`), compute the statistics, write every report
+    file, print the ranking. `settings`: the study's `report` section (gap, min_train_acc, max_train_loss,
+    max_loss_span; `ReportConfig`'s defaults when None, the one home of their default values). `n_boot`
+    and `seed`: the resampling.
 
     Refuses (FlatbenchError, nothing written) when no run can be used, so that a good report is never
     replaced by an empty one. `quiet` prints one line (where the report is and the best measure).
     """
     start = time.perf_counter()
     exp_dirs, out_dir = [Path(p) for p in exp_dirs], Path(out_dir)
-    records = load_records(exp_dirs) if records is None else records
-    given = {"gap": gap, "min_train_acc": min_train_acc, "max_train_loss": max_train_loss,
-             "max_loss_span": max_loss_span}
-    settings = dataclasses.replace(report_cfg or ReportConfig(), **{k: v for k, v in given.items() if v is not None})
+    records = load_records(exp_dirs) if inputs.records is None else inputs.records
+    settings = settings or ReportConfig()
+    stale = inputs.stale
     table, analysis, levels, endpoint = write_statistics(exp_dirs, out_dir, records, settings, n_boot, seed, stale)
-    gap, min_train_acc = settings.gap, settings.min_train_acc
-    ctx = _context(exp_dirs, out_dir, records, table, analysis, n_boot, seed, min_train_acc, endpoint, levels,
-                   measure_info)
+    ctx = _context(exp_dirs, out_dir, records, table, analysis, n_boot, seed, settings.min_train_acc, endpoint,
+                   levels, inputs.measure_info)
     doc = build_document(ctx)
     store.atomic_write_text(out_dir / "report.md", doc.to_markdown())
     store.atomic_write_text(out_dir / "report.html", doc.to_html())

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flatbench import store
-from flatbench.analysis.report import ReportSummary, snapshot_records, write_report, write_statistics
+from flatbench.analysis.report import ReportInputs, ReportSummary, snapshot_records, write_report, write_statistics
 from flatbench.analysis.table import load_records
 from flatbench.config import ReportConfig
 from flatbench.errors import ConfigError, FlatbenchError
@@ -90,8 +90,8 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
     if statistics_only:
         write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale)
         return None
-    return write_report(exp_dirs, out, gap=cfg.gap, min_train_acc=cfg.min_train_acc, quiet=quiet, echo=echo,
-                        records=records, stale=stale, report_cfg=cfg, measure_info=_measure_info(records), seed=seed)
+    return write_report(exp_dirs, out, cfg, inputs=ReportInputs(records, stale, _measure_info(records)), seed=seed,
+                        quiet=quiet, echo=echo)
 
 
 def check_regular_files(exp: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from flatbench.analysis.report import plot_filename, write_report
 from flatbench.analysis.table import build_table
+from flatbench.config import ReportConfig
 from flatbench.errors import FlatbenchError
 
 RATIOS = (0.0, 0.25, 0.5, 0.75)
@@ -226,7 +227,7 @@ def test_excluded_runs_are_listed(tmp_path):
     info["test_loss"] = "nan"
     (runs[2] / "run.json").write_text(json.dumps(info))
     lines: list[str] = []
-    summary = write_report([exp], exp, min_train_acc=0.5, n_boot=50, echo=lines.append)
+    summary = write_report([exp], exp, ReportConfig(min_train_acc=0.5), n_boot=50, echo=lines.append)
     assert summary.n_runs == 8 and summary.n_included == 5
     reasons = {e["run_id"]: e["reason"] for e in summary.excluded}
     assert "status: running" in reasons[runs[0].name]
