@@ -4,8 +4,8 @@
   cannot render: a failure). It must fail, not skip, where mkdocs is missing: the test extra installs it.
 - Every registered measure has its page, generated from the registry, naming every setting.
 - Every ```python block of a page is executed, the page's blocks in order in one fresh process (so a later
-  block may use an earlier one's names), in a temporary folder holding the repository's `configs/` and
-  `examples/`; a ```yaml block after a `<!-- docs-test: config FILE -->` marker is written to FILE there
+  block may use an earlier one's names), in a temporary folder holding the repository's `configs/`,
+  `examples/` and `results/`; a ```yaml block after a `<!-- docs-test: config FILE -->` marker is written to FILE there
   first and validated as a study config; every `flatbench ...` line of a ```bash block is parsed by the real
   command line (command, options, arguments: an unknown option or a wrong choice fails) without running
   it: those are studies that take minutes, whose stages the rest of the suite runs.
@@ -88,7 +88,7 @@ def test_every_page_is_in_the_tests_and_the_generated_tables_are_marked():
 
 
 def _sandbox(tmp_path: Path) -> Path:
-    for name in ("configs", "examples"):
+    for name in ("configs", "examples", "results"):
         (tmp_path / name).symlink_to(ROOT / name)
     return tmp_path
 

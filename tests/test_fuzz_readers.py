@@ -273,7 +273,7 @@ def test_measures_json(tmp_path_factory, content):
     entries, problem = read_entries(run)
     assert all(store.measure_entry_problem(e) is None for e in entries.values())
     _ends_well(pending_entries, run, ["frobenius_norm", "spectral_norm"], MeasureConfig())
-    _done, damage = _measure_state(run, ["frobenius_norm"])
+    _done, damage, _stale = _measure_state(run, ["frobenius_norm"])
     assert (damage is None) == (problem is None)
     records = _ends_well(load_records, [exp])
     if records is not None:

@@ -289,9 +289,16 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     done, todo = _split_reusable(runs, previous, cfg, entries, fam, factors, draws, gap_col, device,
                                  lambda line: echo(line + f" from {out / POPULATION_CSV}"))
     order = {p.name: i for i, p in enumerate(runs)}
+    position = {entry.key: i for i, entry in enumerate(entries)}
+
+    def canonical(row: dict[str, Any]) -> tuple:
+        """A run's rows in one order however they were computed (fresh, reused after an interruption, or in
+        the dtype groups of a copy): by the study's measure order, then factor range and draw."""
+        return position.get(row["measure"], len(position)), str(row["measure"]), float(row["max_factor"]), \
+            int(row["draw"])
 
     def rows_so_far() -> pd.DataFrame:
-        rows = [r for name in sorted(done, key=order.__getitem__) for r in done[name]]
+        rows = [r for name in sorted(done, key=order.__getitem__) for r in sorted(done[name], key=canonical)]
         return pd.DataFrame(rows, columns=POPULATION_COLUMNS)
 
     copy_seconds = 0.0

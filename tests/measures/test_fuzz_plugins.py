@@ -201,11 +201,12 @@ def test_keyboard_interrupt_passes_through_with_the_model_put_back(own_registry)
             ctx.model[0].weight.mul_(3.0)
         raise KeyboardInterrupt
 
-    from flatbench.api import _context
+    from flatbench.measures.context import MeasureContext
     from flatbench.measures.registry import get_measure
     from flatbench.measures.runner import compute_entry
 
-    ctx = _context(model, data[0], data[1], "ce")
+    ctx = MeasureContext(model=model, inputs=data[0], targets=data[1], num_classes=int(data[1].max()) + 1,
+                         run_id="fuzz")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(KeyboardInterrupt):
         compute_entry(ctx, get_measure(NAME), {}, None)

@@ -59,7 +59,7 @@ def test_the_measure_stage_asks_the_registry_and_the_checks_once_per_study(tmp_p
     assert calls_small == calls_large, (calls_small, calls_large)  # independent of the number of models
     assert calls_small[("spec.py", "check_study")] == 1
     assert calls_small[("runner.py", "plan_measures")] == 1  # snapshots measure the same measures here
-    assert calls_small[("registry.py", "get_measure")] <= 2 * 3  # the names once when checked, once planned
+    assert calls_small[("registry.py", "get_measure")] <= 3 * 3  # per name: checked, its settings checked, planned
     runs = len(large.runs)
     assert reads_large["run.json"] == runs, reads_large  # once per run, though each has a snapshot too
     _, again, models = _measure_counting(large, force=True)  # every measures.json is there now
