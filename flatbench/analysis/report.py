@@ -112,15 +112,18 @@ def _write_tables(out_dir: Path, table: pd.DataFrame, analysis: Analysis, levels
 
 
 def write_statistics(exp_dirs: list[Path], out_dir: Path, records: list[RunRecord], settings: ReportConfig,
-                     n_boot: int = N_BOOT, seed: int = 0, stale: list[RunRecord] | None = None
+                     n_boot: int = N_BOOT, seed: int = 0, stale: list[RunRecord] | None = None,
+                     snapshots: dict[float, list[RunRecord]] | None = None
                      ) -> tuple[pd.DataFrame, Analysis, pd.DataFrame, Any]:
     """The report's numbers without its figures and pages: table.csv, correlations.csv, comparisons.csv,
     reference_bands.csv, environments.csv (and correlations_by_level.csv). `write_report` writes them this
     way first; tests/test_results.py rebuilds every committed study's numbers with it (the figures take
-    five times as long as the statistics and hold no number the files do not)."""
+    five times as long as the statistics and hold no number the files do not). `snapshots`: the records
+    per snapshot level when the caller has read (and filtered) them (`snapshot_records`)."""
     table, analysis = _analysis(exp_dirs, records, settings.gap, settings.min_train_acc, n_boot, seed, stale)
     endpoint = check_endpoint(analysis.included, settings.max_train_loss, settings.max_loss_span)
-    levels = level_correlations(records, gap=settings.gap, n_boot=n_boot, seed=seed, final=analysis.correlations)
+    levels = level_correlations(records, gap=settings.gap, n_boot=n_boot, seed=seed, final=analysis.correlations,
+                                snapshots=snapshots)
     _write_tables(out_dir, table, analysis, levels)
     return table, analysis, levels, endpoint
 
@@ -135,6 +138,8 @@ class ReportInputs:
     records: list[RunRecord] | None = None
     stale: list[RunRecord] | None = None
     measure_info: dict[str, Any] | None = None
+    snapshots: dict[float, list[RunRecord]] | None = None
+    """The records per snapshot level (`snapshot_records`; read from the runs' folders when None)."""
 
 
 def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, settings: ReportConfig | None = None, *,
@@ -153,7 +158,8 @@ def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, settings
     records = load_records(exp_dirs) if inputs.records is None else inputs.records
     settings = settings or ReportConfig()
     stale = inputs.stale
-    table, analysis, levels, endpoint = write_statistics(exp_dirs, out_dir, records, settings, n_boot, seed, stale)
+    table, analysis, levels, endpoint = write_statistics(exp_dirs, out_dir, records, settings, n_boot, seed, stale,
+                                                         inputs.snapshots)
     ctx = _context(exp_dirs, out_dir, records, table, analysis, n_boot, seed, settings.min_train_acc, endpoint,
                    levels, inputs.measure_info)
     doc = build_document(ctx)
@@ -306,13 +312,14 @@ def snapshot_records(records: list[RunRecord]) -> dict[float, list[RunRecord]]:
 
 
 def level_correlations(records: list[RunRecord], gap: str = "acc", n_boot: int = N_BOOT, seed: int = 0,
-                       final: pd.DataFrame | None = None) -> pd.DataFrame:
+                       final: pd.DataFrame | None = None, snapshots: dict[float, list[RunRecord]] | None = None
+                       ) -> pd.DataFrame:
     """Each measure's Kendall τ with the gap at every snapshot level (the models as they were when their
     train loss first reached it), plus the final models' (level "final"). Empty when no run kept snapshots.
 
     At a level every run is at the same train loss by construction, so no run is excluded for its train
     accuracy there (a run that never reached the level has no snapshot and is simply absent: n says so)."""
-    per_level = snapshot_records(records)
+    per_level = snapshot_records(records) if snapshots is None else snapshots
     if not per_level:
         return pd.DataFrame()
     rows = []

@@ -73,11 +73,11 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         stale = [rec for rec in records if current.get(rec.path.parent.parent) is not None
                  and rec.run_id not in current[rec.path.parent.parent]]
         records = [rec for rec in records if rec not in stale]
-    dropped = drop_stale(records)
+    levels = snapshot_records(records)
+    dropped = drop_stale([*records, *(rec for recs in levels.values() for rec in recs)])
     if dropped:
         echo(f"warning: {sum(dropped.values())} entries of {', '.join(sorted(dropped))} left out: stale (their "
              "plugin file changed since they were computed; `flatbench measure` recomputes them)")
-    levels = snapshot_records(records)
     damaged = [problem for recs in levels.values() for rec in recs for problem in rec.problems]
     if damaged:
         raise FlatbenchError(f"{len(damaged)} damaged snapshot file(s), e.g. {damaged[0]}: run `flatbench measure` "
@@ -88,10 +88,10 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
     echo(f"building the report from {len(records)} runs"
          + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
     if statistics_only:
-        write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale)
+        write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale, snapshots=levels)
         return None
-    return write_report(exp_dirs, out, cfg, inputs=ReportInputs(records, stale, _measure_info(records)), seed=seed,
-                        quiet=quiet, echo=echo)
+    inputs = ReportInputs(records, stale, _measure_info(records), levels)
+    return write_report(exp_dirs, out, cfg, inputs=inputs, seed=seed, quiet=quiet, echo=echo)
 
 
 def check_regular_files(exp: Path) -> None:
