@@ -416,6 +416,10 @@ class TargetPlan:
     todo: list[tuple[MeasureSpec, str | None, str]]
     stamp: tuple[int, int] | None
 
+    def planned(self, spec: MeasureSpec) -> PlannedMeasure:
+        """The plan's entry of measure `spec` (its settings and measurement context)."""
+        return next(m for m in self.measures if m.spec.name == spec.name)
+
     def current(self) -> TargetPlan:
         """This plan, or a new one of the same target when its measures.json changed since it was read."""
         if _stamp(self.target.measures_file) == self.stamp:
@@ -506,9 +510,8 @@ def measure_planned(plan: TargetPlan, cfg: MeasureConfig, device: torch.device,
             if echo:
                 echo(f"  {target.label}: cannot be measured: {exc}")
             return report
-    settings = {m.spec.name: m for m in plan.measures}
     for spec, loss, key in plan.todo:
-        planned = settings[spec.name]
+        planned = plan.planned(spec)
         record = compute_entry(context_in(ctx, entry_dtype(cfg.dtype, spec)), spec, planned.settings, loss,
                                cfg.timeout_s)
         record["context"] = planned.context
@@ -530,14 +533,13 @@ def _record_unloadable(plan: TargetPlan, exc: FlatbenchError, report: MeasureRep
     """A model that cannot be loaded: its error in every pending entry (a value computed before the model
     was damaged is kept, not replaced by an error)."""
     report.failure = str(exc)
-    planned = {m.spec.name: m for m in plan.measures}
     for spec, _, key in plan.todo:
         report.errors += 1
         if plan.results.get(key, {}).get("status") in DONE:
             continue
         plan.results[key] = {"status": "error", "error": f"the model could not be loaded: {exc}",
-                             "settings": planned[spec.name].settings, "larger_is_sharper": spec.larger_is_sharper,
-                             "context": planned[spec.name].context, "seconds": 0.0}
+                             "settings": plan.planned(spec).settings, "larger_is_sharper": spec.larger_is_sharper,
+                             "context": plan.planned(spec).context, "seconds": 0.0}
 
 
 def entry_reason(record: dict[str, Any]) -> str:
