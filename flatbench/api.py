@@ -31,7 +31,7 @@ from flatbench.config.parse import MAX_TIMEOUT_S
 from flatbench.curvature import use_hvp_mode
 from flatbench.data import check_dataset_name, load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError
-from flatbench.losses import get_loss
+from flatbench.losses import BUILTIN_LOSSES, get_loss
 from flatbench.measures.arguments import check_options, copy_model, trial_forward
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.isolation import ModelGuard
@@ -113,50 +113,46 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                   or not 0 < timeout_s <= MAX_TIMEOUT_S):
         raise FlatbenchError(f"timeout_s must be in (0, {MAX_TIMEOUT_S}] seconds or None, got {timeout_s!r}")
-    state = _CallerState(model)
-    try:
-        return _measure_copy(model, data, measures, loss=loss, n_examples=n_examples, device=device, dtype=dtype,
-                             settings=settings, plugins=plugins, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size,
-                             max_memory_mb=max_memory_mb, timeout_s=timeout_s)
-    finally:
-        state.restore(model)
-
-
-class _CallerState:
-    """The caller's model as it came: a copy of its tensors, its modules' modes, its requires_grad flags. The
-    measures see a copy of the model (`arguments.copy_model`), so nothing here is expected to change; this
-    puts back whatever did (a plugin holding a reference to the caller's model). Compared with `torch.equal`
-    rather than hashed (`isolation.fingerprint`, which the measures' own isolation uses): the API's overhead
-    over the measure stage is kept to the copy (issue 29: within 1.2× of the kernel)."""
-
-    def __init__(self, model: nn.Module):
-        self.tensors = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items() if v is not None}
-        self.modes = [m.training for m in model.modules()]
-        self.grads = [p.requires_grad for p in model.parameters()]
-
-    def restore(self, model: nn.Module) -> None:
-        current = model.state_dict(keep_vars=True)
-        if current.keys() != self.tensors.keys() or any(
-                v.shape != self.tensors[k].shape or v.dtype != self.tensors[k].dtype
-                or not torch.equal(v.detach(), self.tensors[k]) for k, v in current.items() if v is not None):
-            guard = ModelGuard.__new__(ModelGuard)  # ModelGuard's restore, without hashing what is known
-            guard.state, guard.modes, guard.grads = self.tensors, {}, {}
-            guard.restore(model)
-        for module, mode in zip(model.modules(), self.modes):
-            module.training = mode
-        for p, flag in zip(model.parameters(), self.grads):
-            if p.requires_grad != flag:
-                p.requires_grad_(flag)
-
-
-def _measure_copy(model: nn.Module, data: Any, measures: Any, *, loss: Any, n_examples: int | None, device: Any,
-                  dtype: torch.dtype, settings: dict | None, plugins: Any, seed: int, hvp_mode: str, chunk_size: int,
-                  max_memory_mb: int, timeout_s: float | None) -> dict[str, dict[str, Any]]:
-    """`measure_records` on a copy of the caller's model, in eval mode with every parameter trainable."""
     load_plugins(list(plugins or ()))
     names = resolve_names([measures] if isinstance(measures, str) else list(measures))
     if not names:
         raise FlatbenchError("no measures given")
+    state = None if _only_flatbench_code(names, loss) else _CallerState(model)
+    try:
+        return _measure_copy(model, data, names, loss=loss, n_examples=n_examples, device=device, dtype=dtype,
+                             settings=settings, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size,
+                             max_memory_mb=max_memory_mb, timeout_s=timeout_s)
+    finally:
+        if state is not None:
+            state.restore(model)
+
+
+def _only_flatbench_code(names: list[str], loss: Any) -> bool:
+    """Whether only flatbench's own code sees the model: built-in measures and a built-in loss. They are given
+    the copy and nothing else, so the caller's model cannot change and `_CallerState`'s copy of it (a clone of
+    every tensor, a fourth of the API's overhead on a small model) is skipped; a plugin measure or a loss of
+    the caller's, which may hold a reference to the caller's model, gets it."""
+    return isinstance(loss, str) and loss in BUILTIN_LOSSES and all(get_measure(n).origin == "builtin" for n in names)
+
+
+class _CallerState:
+    """The caller's model as it came (`isolation.ModelGuard`: a copy of its tensors, its modules' modes, its
+    requires_grad flags). The measures see a copy of the model (`arguments.copy_model`), so nothing here is
+    expected to change; this puts back whatever did (a plugin holding a reference to the caller's model)."""
+
+    def __init__(self, model: nn.Module):
+        self.guard = ModelGuard(model)
+
+    def restore(self, model: nn.Module) -> None:
+        if self.guard.change(model):
+            self.guard.restore(model)
+
+
+def _measure_copy(model: nn.Module, data: Any, names: list[str], *, loss: Any, n_examples: int | None, device: Any,
+                  dtype: torch.dtype, settings: dict | None, seed: int, hvp_mode: str, chunk_size: int,
+                  max_memory_mb: int, timeout_s: float | None) -> dict[str, dict[str, Any]]:
+    """`measure_records` of the measures `names` on a copy of the caller's model, in eval mode with every
+    parameter trainable."""
     if not isinstance(settings or {}, dict):
         raise FlatbenchError(f"settings must be a dict of measure -> {{setting: value}}, got {settings!r:.60}")
     settings = {k: dict(v) if isinstance(v, dict) else v for k, v in (settings or {}).items()}
@@ -202,19 +198,19 @@ def compute_records(ctx: Any, names: list[str], settings: dict[str, dict[str, An
 
 def records_to_frame(records: dict[str, dict[str, Any]]) -> Any:
     """One row per result key (see the module docstring); each entry's info in `df.attrs["info"]`."""
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[str, str, float, str, str, float]] = []
     info: dict[str, Any] = {}
     for key, record in records.items():
         status, seconds, name = record["status"], float(record["seconds"]), record["measure"]
         if "info" in record:
             info[key] = record["info"]
         if status == "ok":
-            for value_key, value in record["values"].items():
-                rows.append({"measure": name, "key": value_key, "value": float(value), "status": status,
-                             "reason": str(record.get("reason") or ""), "seconds": seconds})
+            reason = str(record.get("reason") or "")
+            rows.extend((name, value_key, float(value), status, reason, seconds)
+                        for value_key, value in record["values"].items())
         else:
-            rows.append({"measure": name, "key": key, "value": math.nan, "status": status,
-                         "reason": str(record.get("reason") or record.get("error") or ""), "seconds": seconds})
+            rows.append((name, key, math.nan, status, str(record.get("reason") or record.get("error") or ""),
+                         seconds))
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     df.attrs["info"] = info
     return df

@@ -9,7 +9,7 @@ calls, on issue 29's case: a ReLU MLP 784-128-128-10, 256 images, float32, CPU.
 The three are timed interleaved (one of each per round, so that the load of a shared machine hits them
 alike); the table gives the minimum and the median over `--repeats` rounds and the API's ratios.
 
-    PYTHONPATH=. python scripts/api_overhead.py [--repeats 30] [--threads 1] [--profile]
+    PYTHONPATH=. python scripts/api_overhead.py [--repeats 30] [--threads 1] [--n 256] [--profile]
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 
-def case(seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+def case(seed: int = 0, n: int = 256) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
                           nn.Linear(128, 10))
-    return model, torch.rand(256, 1, 28, 28), torch.randint(0, 10, (256,))
+    return model, torch.rand(n, 1, 28, 28), torch.randint(0, 10, (n,))
 
 
 def kernel(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -78,10 +78,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n", type=int, default=256, help="images (issue 29's case: 256)")
     parser.add_argument("--profile", action="store_true", help="cProfile the API path (top 25 by cumulative time)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, x, y = case()
+    model, x, y = case(n=args.n)
     net = model.eval()
     for p in net.parameters():
         p.requires_grad_(True)
@@ -89,7 +90,7 @@ def main() -> None:
     for fn in fns.values():  # warm-up: imports, the registry, first-call costs
         fn()
     out = interleaved(fns, args.repeats)
-    print(f"MLP 784-128-128-10, 256 images, float32, {args.threads} thread(s), {args.repeats} interleaved rounds")
+    print(f"MLP 784-128-128-10, {args.n} images, float32, {args.threads} thread(s), {args.repeats} interleaved rounds")
     print(f"  {'path':8s} {'min ms':>8s} {'median ms':>10s}  trace")
     for name, (low, med, value) in out.items():
         print(f"  {name:8s} {low * 1e3:8.1f} {med * 1e3:10.1f}  {value:.6g}")

@@ -1,14 +1,16 @@
-"""Each measure sees the model as trained: a fingerprint before and after, a restore when it changed.
+"""Each measure sees the model as trained: a copy before, a bitwise comparison after, a restore when it changed.
 
 A measure is the user's code (a plugin) as often as ours, and one context serves every measure of a model:
 a measure that doubles the weights in place, calls `.train()` on a BatchNorm network or freezes a layer
 would silently change every value computed after it. Before each measure `ModelGuard` keeps a copy of
-the model's state (parameters and buffers), the train/eval mode of every module and the `requires_grad`
-flag of every parameter, and a cheap fingerprint of them (a hash of each tensor's bytes: exact, and a few
-milliseconds for a million parameters). `guarded_call` compares the fingerprint after the measure: a
-change is described in a few words and the model is put back, so the next measure sees the model as
-trained. (The guard is taken per call, not once per model: code outside the measures, such as the audit's
-rescaling of its own copies, may change a model between measures.)
+every parameter and buffer (non-persistent buffers included), the train/eval mode of every module and the
+`requires_grad` flag of every parameter. `guarded_call` compares the model with that copy after the
+measure, bit for bit (each tensor's bytes, so NaN equals NaN and -0.0 differs from 0.0; its dtype, shape and
+device too): a change is described in a few words and the model is put back, so the next measure sees the
+model as trained. The copy is needed for the restore anyway, so comparing against it costs one pass over
+the bytes, where hashing them before and after cost two hashes on top of the copy (issue 29: the API's
+overhead over the kernel). (The guard is taken per call, not once per model: code outside the measures,
+such as the audit's rescaling of its own copies, may change a model between measures.)
 
 `time_limit` stops a measure that runs past its `measure.timeout_s` (SIGALRM in the main thread of a
 process, where signals are delivered: the CLI and every worker process; elsewhere, e.g. the API called
@@ -19,11 +21,9 @@ from a thread, there is no limit). `MeasureTimeout` derives from BaseException s
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,31 +37,26 @@ class MeasureTimeout(BaseException):
     """Raised in a measure that ran past its time limit (a BaseException: `except Exception` passes it on)."""
 
 
-def _tensor_digest(t: torch.Tensor) -> str:
-    """An exact fingerprint of a tensor: its dtype, shape and the hash of its bytes."""
-    flat = t.detach().reshape(-1).contiguous()
-    data = flat.view(torch.uint8) if flat.numel() else flat
-    raw = data.cpu().numpy().tobytes() if data.numel() else b""
-    return f"{flat.dtype}{tuple(t.shape)}:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
+def model_tensors(model: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of `model` by label ("parameter NAME", "buffer NAME") → (NAME, tensor)."""
+    out = {f"parameter {n}": (n, p) for n, p in model.named_parameters(remove_duplicate=False)}
+    out.update({f"buffer {n}": (n, b) for n, b in model.named_buffers(remove_duplicate=False) if b is not None})
+    return out
 
 
-@dataclass(frozen=True)
-class Fingerprint:
-    """What a measure must leave as it found it: tensors (by name), module modes, requires_grad flags."""
-
-    tensors: dict[str, str]
-    modes: dict[str, bool]
-    grads: dict[str, bool]
+_SAME_SIZE_INT = {8: torch.int64, 4: torch.int32, 2: torch.int16}
+"""An integer dtype of each element size: a bitwise comparison of floats (NaN equal to NaN, -0.0 not to 0.0)."""
 
 
-def fingerprint(model: nn.Module) -> Fingerprint:
-    """The model's fingerprint (parameters and buffers hashed, every module's mode, every requires_grad)."""
-    tensors = {f"parameter {n}": _tensor_digest(p) for n, p in model.named_parameters(remove_duplicate=False)}
-    tensors.update({f"buffer {n}": _tensor_digest(b) for n, b in model.named_buffers(remove_duplicate=False)
-                    if b is not None})
-    modes = {n or "(model)": m.training for n, m in model.named_modules(remove_duplicate=False)}
-    grads = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
-    return Fingerprint(tensors, modes, grads)
+def same_bits(now: torch.Tensor, saved: torch.Tensor) -> bool:
+    """Whether `now` holds exactly `saved` (a contiguous copy): dtype, shape, device and every byte."""
+    if now.dtype != saved.dtype or now.shape != saved.shape or now.device != saved.device:
+        return False
+    if not saved.numel():
+        return True
+    as_int = _SAME_SIZE_INT.get(saved.element_size(), torch.uint8)  # bytes compared a word at a time
+    flat = now.detach().reshape(-1).contiguous()
+    return torch.equal(flat.view(as_int), saved.reshape(-1).view(as_int))
 
 
 def _names(names: list[str]) -> str:
@@ -69,56 +64,58 @@ def _names(names: list[str]) -> str:
     return shown + (f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
 
 
-def describe_change(before: Fingerprint, after: Fingerprint) -> str | None:
-    """A few words on what differs between two fingerprints (None when nothing does)."""
-    parts = []
-    tensors = sorted(set(before.tensors) ^ set(after.tensors)
-                     | {k for k in before.tensors.keys() & after.tensors.keys() if before.tensors[k] != after.tensors[k]})
-    if tensors:
-        parts.append(f"{_names(tensors)}")
-    modes = sorted(k for k in before.modes.keys() | after.modes.keys() if before.modes.get(k) != after.modes.get(k))
-    if modes:
-        now = "train" if after.modes.get(modes[0]) else "eval"
-        parts.append(f"the mode of {_names(modes)} (now {now})")
-    grads = sorted(k for k in before.grads.keys() | after.grads.keys() if before.grads.get(k) != after.grads.get(k))
-    if grads:
-        parts.append(f"requires_grad of {_names(grads)}")
-    return "; ".join(parts) or None
-
-
 class ModelGuard:
-    """The state a model was in before a measure, to compare with and to put back."""
+    """The state a model was in before a measure, to compare with (`change`) and to put back (`restore`)."""
 
     def __init__(self, model: nn.Module):
-        self.state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items() if v is not None}
-        self.modes = {n: m.training for n, m in model.named_modules(remove_duplicate=False)}
+        self.tensors = {label: (name, t.detach().clone(memory_format=torch.contiguous_format))
+                        for label, (name, t) in model_tensors(model).items()}
+        self.modes = {n or "(model)": m.training for n, m in model.named_modules(remove_duplicate=False)}
         self.grads = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
-        self.print = fingerprint(model)
+
+    def change(self, model: nn.Module) -> str | None:
+        """A few words on what differs between the model now and as guarded (None when nothing does)."""
+        now = model_tensors(model)
+        tensors = sorted(set(now) ^ set(self.tensors)
+                         | {k for k in now.keys() & self.tensors.keys() if not same_bits(now[k][1], self.tensors[k][1])})
+        parts = [_names(tensors)] if tensors else []
+        modes_now = {n or "(model)": m.training for n, m in model.named_modules(remove_duplicate=False)}
+        modes = sorted(k for k in self.modes.keys() | modes_now.keys() if self.modes.get(k) != modes_now.get(k))
+        if modes:
+            parts.append(f"the mode of {_names(modes)} (now {'train' if modes_now.get(modes[0]) else 'eval'})")
+        grads_now = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
+        grads = sorted(k for k in self.grads.keys() | grads_now.keys() if self.grads.get(k) != grads_now.get(k))
+        if grads:
+            parts.append(f"requires_grad of {_names(grads)}")
+        return "; ".join(parts) or None
 
     def restore(self, model: nn.Module) -> None:
         """Put the model back as guarded: tensors copied in place (or the saved ones put back where a measure
-        replaced or resized one), modes and requires_grad flags set."""
-        current = model.state_dict(keep_vars=True)
+        replaced, resized or moved one), modes and requires_grad flags set."""
+        now = model_tensors(model)
         with torch.no_grad():
-            for key, saved in self.state.items():
-                now = current.get(key)
-                if now is not None and now.shape == saved.shape and now.dtype == saved.dtype:
-                    now.copy_(saved)
+            for label, (name, saved) in self.tensors.items():
+                current = now.get(label, (name, None))[1]
+                if current is not None and same_bits(current, saved):
+                    continue
+                if (current is not None and current.shape == saved.shape and current.dtype == saved.dtype
+                        and current.device == saved.device):
+                    current.copy_(saved)
                 else:
-                    _put(model, key, saved.clone())
+                    _put(model, name, saved.clone(), parameter=label.startswith("parameter "))
         for name, module in model.named_modules(remove_duplicate=False):
-            if name in self.modes:
-                module.training = self.modes[name]
+            if (name or "(model)") in self.modes:
+                module.training = self.modes[name or "(model)"]
         for name, p in model.named_parameters(remove_duplicate=False):
             if name in self.grads and p.requires_grad != self.grads[name]:
                 p.requires_grad_(self.grads[name])
 
 
-def _put(model: nn.Module, key: str, value: torch.Tensor) -> None:
-    """Set the parameter or buffer `key` (a state-dict name) to `value` where a measure replaced it."""
+def _put(model: nn.Module, key: str, value: torch.Tensor, *, parameter: bool) -> None:
+    """Set the parameter or buffer `key` (its dotted name) to `value` where a measure replaced it."""
     path, _, leaf = key.rpartition(".")
     owner = model.get_submodule(path) if path else model
-    if leaf in owner._parameters:
+    if parameter or leaf in owner._parameters:
         owner._parameters[leaf] = nn.Parameter(value, requires_grad=True)
     else:
         owner._buffers[leaf] = value
@@ -137,7 +134,7 @@ def guarded_call(model: nn.Module, fn: Callable[[], Any]) -> tuple[Any, BaseExce
         raise
     except BaseException as exc:  # noqa: BLE001 - SystemExit, a timeout, any error of the user's code
         error = exc
-    change = describe_change(guard.print, fingerprint(model))
+    change = guard.change(model)
     if change:
         guard.restore(model)
     return result, error, change

@@ -128,3 +128,64 @@ def test_nan_and_inf_are_non_finite_and_info_json_cannot_hold_is_an_error(own_re
     for name in ("_inf", "_ninf", "_nan"):
         assert records[name]["status"] == "non_finite" and f"gave {name} = " in records[name]["reason"], records[name]
     assert records["_handle"]["status"] == "error" and "JSON cannot hold" in records["_handle"]["error"]
+
+
+def test_the_guard_compares_bits_sees_non_persistent_buffers_and_puts_a_moved_tensor_back():
+    """The guard compares each tensor bit for bit against its copy (issue 29 replaced the hashes by the
+    comparison): -0.0 over 0.0 is a change, NaN over the same NaN is not; a non-persistent buffer (not in
+    the state dict) is guarded too; a tensor replaced by one of another dtype is put back as it was."""
+    from flatbench.measures.isolation import ModelGuard, guarded_call
+
+    net = _model()
+    net.register_buffer("scratch", torch.tensor([0.0, float("nan"), 1.0]), persistent=False)
+    net[2].bias.data[0] = 0.0
+    weight = net[0].weight
+
+    def negative_zero():
+        with torch.no_grad():
+            net[2].bias[0] = -0.0
+
+    _, _, change = guarded_call(net, negative_zero)
+    assert change == "parameter 2.bias" and not torch.signbit(net[2].bias[0])
+
+    def same_nan():
+        net.scratch.copy_(torch.tensor([0.0, float("nan"), 1.0]))
+
+    assert guarded_call(net, same_nan)[2] is None
+
+    def scratch():
+        net.scratch[2] = 5.0
+
+    assert guarded_call(net, scratch)[2] == "buffer scratch" and float(net.scratch[2]) == 1.0
+
+    def to_double():
+        net[0].weight = nn.Parameter(weight.detach().double())
+
+    guard = ModelGuard(net)
+    to_double()
+    assert guard.change(net) == "parameter 0.weight"
+    guard.restore(net)
+    assert net[0].weight.dtype == torch.float32 and torch.equal(net[0].weight, weight)
+    assert guard.change(net) is None
+
+
+def test_the_api_skips_its_copy_of_the_callers_model_only_when_nothing_of_the_callers_runs(own_registry):
+    """`_CallerState` (a copy of the caller's model to put back) is needed only when a plugin measure or a
+    loss of the caller's can hold the caller's model; a plugin that changes the caller's model through a
+    reference is undone."""
+    from flatbench.api import _only_flatbench_code
+
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    @flatbench.register_measure("_reach", description="changes the caller's model through a closure")
+    def _reach(ctx):
+        with torch.no_grad():
+            model[0].weight.mul_(2)
+        return 1.0
+
+    assert _only_flatbench_code(["frobenius_norm", "hessian_trace"], "ce")
+    assert not _only_flatbench_code(["frobenius_norm", "_reach"], "ce")
+    assert not _only_flatbench_code(["frobenius_norm"], lambda logits, y: logits.sum(1))
+    measure_records(model, _data(), ["_reach", "frobenius_norm"])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
