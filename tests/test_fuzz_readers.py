@@ -210,7 +210,7 @@ def _run_json_bytes(draw_value: typing.Any) -> bytes:
 @FUZZ
 @given(content=st.one_of(st.binary(max_size=200), run_infos().map(_run_json_bytes)), with_model=st.booleans())
 def test_run_json(tmp_path_factory, content, with_model):
-    from flatbench.measures.runner import measure_targets
+    from flatbench.measures.targets import measure_targets
     from flatbench.study.status import run_state
     from flatbench.training import check_run_dir
 
@@ -259,7 +259,8 @@ def measure_entries(draw: typing.Callable) -> typing.Any:
 def test_measures_json(tmp_path_factory, content):
     from flatbench.analysis.table import build_table, load_records
     from flatbench.config import MeasureConfig
-    from flatbench.measures.runner import pending_entries, read_entries
+    from flatbench.measures.runner import pending_entries
+    from flatbench.measures.targets import read_entries
     from flatbench.study.status import _measure_state
 
     exp = tmp_path_factory.mktemp("exp")

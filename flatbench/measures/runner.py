@@ -49,18 +49,10 @@ from flatbench.measures.registry import (
     get_measure,
     load_plugins,
 )
+from flatbench.measures.shared import prime_hessian_diagonals
+from flatbench.measures.targets import Target, as_target, model_hash, not_a_file, read_entries
 from flatbench.models import load_model
-from flatbench.store import (
-    MEASURES_JSON,
-    MODEL_FILE,
-    RUN_JSON,
-    atomic_write_json,
-    file_problem,
-    is_finished,
-    json_problem,
-    load_run_info,
-    read_json_salvaged,
-)
+from flatbench.store import atomic_write_json, folder_lock, is_finished, json_problem, load_run_info
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DONE = ("ok", "not_applicable")
@@ -121,59 +113,6 @@ def _check_type(name: str, key: str, value: Any, default: Any) -> None:
         raise FlatbenchError(f"measure.settings.{name}.{key}: expected a finite number, got {value!r}")
 
 
-@dataclass(frozen=True)
-class Target:
-    """One trained model to measure: a run's final model or one of its snapshots."""
-
-    run_path: Path
-    level: float | None = None
-    """The snapshot's train-loss level; None for the final model."""
-    folder: Path | None = None
-    """Where its model.pt and measures.json are (the run folder for the final model)."""
-    sha256: str | None = None
-    """A snapshot's recorded model hash (the final model's is in run.json)."""
-    info: dict | None = field(default=None, compare=False, repr=False)
-    """The run's run.json as the stage's plan read it (None: read it when needed), so that a stage reads
-    each run.json once."""
-
-    @property
-    def where(self) -> Path:
-        return self.folder or self.run_path
-
-    @property
-    def measures_file(self) -> Path:
-        return self.where / MEASURES_JSON
-
-    @property
-    def model_file(self) -> Path:
-        return self.where / MODEL_FILE
-
-    @property
-    def label(self) -> str:
-        return self.run_path.name + ("" if self.level is None else f"@loss{self.level:g}")
-
-
-def measure_targets(run_path: Path, snapshots: bool = True, info: dict | None = None) -> list[Target]:
-    """A finished run's final model and, with `snapshots`, the models it kept at its loss levels. `info`:
-    its run.json when the caller has read it (it travels with the targets)."""
-    run_path = Path(run_path)
-    if info is None:
-        try:
-            info = load_run_info(run_path)
-        except FlatbenchError:
-            return [Target(run_path)]
-    targets = [Target(run_path, info=info)]
-    if snapshots:
-        for snap in info.get("snapshots") or []:
-            targets.append(Target(run_path, float(snap["level"]), run_path / snap["path"], snap.get("model_sha256"),
-                                  info=info))
-    return targets
-
-
-def _as_target(target: Target | Path) -> Target:
-    return target if isinstance(target, Target) else Target(Path(target))
-
-
 def entry_dtype(dtype: str, spec: MeasureSpec) -> str:
     """The dtype one measure is computed in under `measure.dtype` = `dtype`: auto gives the measure's own
     `precision` (float64 for exact quantities and solvers, float32 for the estimates registered so)."""
@@ -206,7 +145,7 @@ def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
 
 def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
     """Load a finished run's model (final or snapshot, its hash checked) and its measurement set."""
-    target = _as_target(target)
+    target = as_target(target)
     info = target.info if target.info is not None else load_run_info(target.run_path)
     run_cfg: RunConfig = run_config_from_dict(info["config"])
     if run_cfg.run_id() != target.run_path.name:
@@ -296,43 +235,6 @@ def _checked_output(spec: MeasureSpec, loss: str | None, out: MeasureOutput) -> 
         return {"status": "not_converged", "reason": f"measure '{spec.name}' did not converge: {out.not_converged}",
                 "info": {**out.info, "values": values}}
     return {"status": "ok", "values": values, "info": out.info}
-
-
-def not_a_file(path: Path) -> str | None:
-    """Why a measures.json that is there is no file at all (a folder, a link to /dev/null): damage that no
-    repair can read (an empty or cut-off file is repaired: `read_entries`)."""
-    problem = file_problem(path)
-    return None if problem is None or problem.startswith("empty") else problem
-
-
-def read_entries(target: Target | Path) -> tuple[dict[str, Any], str | None]:
-    """A target's measures.json entries and, if the file is damaged, what is wrong with it."""
-    path = _as_target(target).measures_file
-    problem = not_a_file(path)
-    if problem:
-        return {}, problem
-    if not path.is_file():
-        return {}, None
-    entries, problem = read_json_salvaged(path)
-    return {k: v for k, v in entries.items() if isinstance(v, dict)}, problem
-
-
-def model_hash(target: Target | Path) -> str | None:
-    """The sha256 of the target's model file as training recorded it (run.json for the final model, the
-    snapshot's record for a snapshot); None when none is recorded."""
-    target = _as_target(target)
-    if target.level is not None:
-        return target.sha256
-    if target.info is not None:
-        value = target.info.get("model_sha256")
-        return value if isinstance(value, str) else None
-    if not (target.run_path / RUN_JSON).is_file():
-        return None
-    try:
-        value = load_run_info(target.run_path).get("model_sha256")
-    except FlatbenchError:
-        return None
-    return value if isinstance(value, str) else None
 
 
 def _up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
@@ -429,7 +331,7 @@ class TargetPlan:
 
 def plan_target(target: Target | Path, measures: tuple[PlannedMeasure, ...], force: bool = False) -> TargetPlan:
     """Read a target's measures.json once and list what is still to compute."""
-    target = _as_target(target)
+    target = as_target(target)
     path = target.measures_file
     stamp = _stamp(path)
     unusable = not_a_file(path)
@@ -468,7 +370,7 @@ def measure_run(target: Target | Path, names: list[str], cfg: MeasureConfig, dev
                 ) -> MeasureReport:
     """Compute the missing measures of one finished run's model (final or snapshot) on its own: plan it
     (`plan_target`) and compute the plan (`measure_planned`). A stage plans all its models first."""
-    target = _as_target(target)
+    target = as_target(target)
     if not is_finished(target.run_path):
         raise FlatbenchError(f"run {target.run_path.name} has not finished training; run `flatbench train` first")
     return measure_planned(plan_target(target, plan_measures(names, cfg), force), cfg, device, echo=echo, ctx=ctx,
@@ -527,6 +429,55 @@ def measure_planned(plan: TargetPlan, cfg: MeasureConfig, device: torch.device,
             echo(_entry_line(target.label, key, record))
     report.entries = len(results)
     return report
+
+
+GROUP_SIZE = 16
+"""Runs whose Hessian diagonals are computed together (`measure.group_runs`)."""
+
+
+def measure_plans(plans: list[TargetPlan], cfg: MeasureConfig, device: torch.device, *,
+                  done: Callable[[Target, MeasureReport, float], None], echo: Callable[[str], None] | None = None,
+                  on_entry: Callable[[str, str], None] | None = None) -> None:
+    """The compute loop of a stage's plan, in this process: each model under its folder's lock
+    (`store.folder_lock`), `done(target, report, seconds)` after each. Same-architecture MLPs get their
+    Hessian diagonals computed as groups where `measure.group_runs` asks (`grouped_contexts`). A model that
+    another process holds is measured after the others, on what that process wrote."""
+    use_groups = cfg.group_runs == "on" or (cfg.group_runs == "auto" and device.type == "cuda")
+    step = GROUP_SIZE if use_groups else 1
+    busy: list[TargetPlan] = []
+
+    def measure_one(plan: TargetPlan, ctx: MeasureContext | None, blocking: bool) -> bool:
+        with folder_lock(plan.target.where, blocking=blocking) as held:
+            if not held:
+                return False
+            t0 = time.perf_counter()
+            report = measure_planned(plan, cfg, device, echo=echo, ctx=ctx, on_entry=on_entry)
+            done(plan.target, report, time.perf_counter() - t0)
+        return True
+
+    for start in range(0, len(plans), step):
+        batch = plans[start:start + step]
+        contexts = grouped_contexts(batch, cfg, device) if use_groups else {}
+        for plan in batch:
+            if not measure_one(plan, contexts.pop(plan.target, None), blocking=False):
+                busy.append(plan)  # another process measures it now: after the others, on what it wrote
+    for plan in busy:
+        measure_one(plan, None, blocking=True)
+
+
+def grouped_contexts(plans: list[TargetPlan], cfg: MeasureConfig, device: torch.device) -> dict:
+    """Contexts of the models that still need a curvature measure, with the exact Hessian diagonals of
+    same-architecture MLPs computed as groups (`flatbench.measures.shared.prime_hessian_diagonals`); the
+    others are measured as usual."""
+    contexts = {}
+    for plan in plans:
+        if any(spec.cost == "hessian" for spec, _, _ in plan.todo):
+            try:
+                contexts[plan.target] = build_context(plan.target, cfg, device)
+            except FlatbenchError:
+                continue  # measured alone, where the error is recorded
+    prime_hessian_diagonals(list(contexts.values()), cfg.losses)
+    return contexts
 
 
 def _record_unloadable(plan: TargetPlan, exc: FlatbenchError, report: MeasureReport) -> None:

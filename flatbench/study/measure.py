@@ -12,32 +12,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from flatbench.config import Study
-from flatbench.errors import Echo, FlatbenchError
+from flatbench.errors import Echo
 from flatbench.measures.registry import resolve_names
-from flatbench.measures.runner import (
-    Target,
-    TargetPlan,
-    build_context,
-    measure_planned,
-    measure_run,
-    measure_targets,
-    plan_measures,
-    plan_target,
-)
-from flatbench.measures.shared import prime_hessian_diagonals
+from flatbench.measures.runner import TargetPlan, measure_plans, measure_run, plan_measures, plan_target
+from flatbench.measures.targets import Target, measure_targets
 from flatbench.store import folder_lock, missing_model, run_dir, run_info_or_problem
 from flatbench.study.spec import check_study, shard_runs, show_progress
 from flatbench.study.workers import run_jobs
-
-
-GROUP_SIZE = 16
-"""Runs whose Hessian diagonals are computed together (`measure.group_runs`)."""
 
 
 @dataclass
@@ -79,13 +67,15 @@ def plan_measure_stage(study: Study, *, names: list[str] | None = None, force: b
     """Check the study (`check_study`: its plugins loaded and checked) unless the caller did (`chosen`: the
     resolved names it returned), resolve the measures once, read each run.json and each measures.json once,
     and list what is to compute. Damaged and untrained runs are counted, not planned."""
+    exp_dir, cfg = study.exp_dir, study.measure  # the study is read in order: config, spec, then the registry
+    runs = [rid for rid, _ in shard_runs(study, shard) if run_ids is None or rid in run_ids]
     chosen = chosen if chosen is not None else check_study(study, names)
-    final = plan_measures(chosen, study.measure)
-    snapshot = final if names or study.measure.snapshot_measures is None else \
-        plan_measures(resolve_names(list(study.measure.snapshot_measures)), study.measure)
+    final = plan_measures(chosen, cfg)
+    snapshot = final if names or cfg.snapshot_measures is None else \
+        plan_measures(resolve_names(list(cfg.snapshot_measures)), cfg)
     counts = MeasureCounts()
     plans = [plan_target(target, final if target.level is None else snapshot, force)
-             for target in _targets(study, shard, run_ids, counts, quiet, echo)]
+             for target in _targets(exp_dir, runs, cfg.snapshots, counts, quiet, echo)]
     return MeasurePlan(study, names, force, plans, counts)
 
 
@@ -119,20 +109,24 @@ def measure_study(study: Study, device: torch.device, *, names: list[str] | None
 
     if study.measure.workers > 1 and len(plan.targets) > 1:
         _measure_in_workers(plan, device, quiet, echo, count)
-    else:
-        _measure_here(plan, device, quiet, echo, count)
+        return counts
+    bar = _MeasureBar(plan.targets) if show_progress(quiet) else None
+    try:
+        measure_plans(plan.targets, study.measure, device, done=count,
+                      echo=None if quiet else (bar.write if bar else echo), on_entry=bar.advance if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
     return counts
 
 
-def _targets(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | None, counts: MeasureCounts,
-             quiet: bool, echo: Echo) -> list[Target]:
-    """The models to measure (final and snapshots) of the finished runs, each run.json read once; damaged
-    and untrained runs are counted in `counts` instead."""
+def _targets(exp_dir: Path, runs: list[str], snapshots: bool, counts: MeasureCounts, quiet: bool,
+             echo: Echo) -> list[Target]:
+    """The models to measure (final and, with `snapshots`, the snapshots) of the finished runs among `runs`,
+    each run.json read once; damaged and untrained runs are counted in `counts` instead."""
     targets = []
-    for rid, _ in shard_runs(study, shard):
-        if run_ids is not None and rid not in run_ids:
-            continue
-        path = run_dir(study.exp_dir, rid)
+    for rid in runs:
+        path = run_dir(exp_dir, rid)
         info, problem = run_info_or_problem(path)
         problem = problem or (missing_model(path, info) if info is not None else None)
         if problem:
@@ -144,7 +138,7 @@ def _targets(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | N
             counts.not_trained += 1
             counts.not_trained_ids.append(rid)
             continue
-        targets.extend(measure_targets(path, snapshots=study.measure.snapshots, info=info))
+        targets.extend(measure_targets(path, snapshots=snapshots, info=info))
     return targets
 
 
@@ -165,55 +159,6 @@ def _measure_in_workers(plan: MeasurePlan, device: torch.device, quiet: bool, ec
 
     jobs = [(p.target, [m.spec.name for m in p.measures], cfg, str(device), plan.force, quiet) for p in plan.targets]
     run_jobs(_worker_measure, jobs, cfg.workers, device, collect)
-
-
-def grouped_contexts(plans: list[TargetPlan], cfg: Any, device: torch.device) -> dict:
-    """Contexts of the models that still need a curvature measure, with the exact Hessian diagonals of
-    same-architecture MLPs computed as groups (`flatbench.measures.shared.prime_hessian_diagonals`); the
-    others are measured as usual."""
-    contexts = {}
-    for plan in plans:
-        if any(spec.cost == "hessian" for spec, _, _ in plan.todo):
-            try:
-                contexts[plan.target] = build_context(plan.target, cfg, device)
-            except FlatbenchError:
-                continue  # measured alone, where the error is recorded
-    prime_hessian_diagonals(list(contexts.values()), cfg.losses)
-    return contexts
-
-
-def _measure_here(plan: MeasurePlan, device: torch.device, quiet: bool, echo: Echo,
-                  count: Callable[[Any, Any, float], None]) -> None:
-    """The models one after another in this process (grouped Hessian diagonals where asked), a model
-    held by another process last, on what that process wrote."""
-    cfg = plan.study.measure
-    use_groups = cfg.group_runs == "on" or (cfg.group_runs == "auto" and device.type == "cuda")
-    bar = _MeasureBar(plan.targets) if show_progress(quiet) else None
-    step = GROUP_SIZE if use_groups else 1
-    busy: list[TargetPlan] = []
-
-    def measure_one(target_plan: TargetPlan, ctx: Any, blocking: bool) -> bool:
-        with folder_lock(target_plan.target.where, blocking=blocking) as held:
-            if not held:
-                return False
-            t0 = time.perf_counter()
-            report = measure_planned(target_plan, cfg, device, echo=None if quiet else (bar.write if bar else echo),
-                                     ctx=ctx, on_entry=bar.advance if bar else None)
-            count(target_plan.target, report, time.perf_counter() - t0)
-        return True
-
-    try:
-        for start in range(0, len(plan.targets), step):
-            batch = plan.targets[start:start + step]
-            contexts = grouped_contexts(batch, cfg, device) if use_groups else {}
-            for target_plan in batch:
-                if not measure_one(target_plan, contexts.pop(target_plan.target, None), blocking=False):
-                    busy.append(target_plan)  # another process measures it now: after the others, on what it wrote
-        for target_plan in busy:
-            measure_one(target_plan, None, blocking=True)
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _worker_measure(target: Any, names: list[str], cfg: Any, device: str, force: bool, quiet: bool

@@ -117,13 +117,13 @@ def check_study(study: Study, measures: list[str] | None = None) -> list[str]:
                               f"'{run.model.name}' is built in (its settings are model.widths, model.depth, ...)")
     for loss in study.measure.losses:
         check_loss_name(loss)
-    load_plugins(study.measure.plugins)
+    _check_measurement_size(study)
+    _check_setting_types(study.measure.settings)
+    load_plugins(study.measure.plugins)  # the registry's checks last: what is read of the study is read above
     names = resolve_names(list(study.measure.measures))
     if study.measure.snapshot_measures is not None:
         resolve_names(list(study.measure.snapshot_measures))
     check_settings(names, study.measure)
-    _check_setting_types(study.measure.settings)
-    _check_measurement_size(study)
     return resolve_names(measures) if measures else names
 
 

@@ -11,7 +11,8 @@ from flatbench.config import run_config_from_dict
 from flatbench.errors import CheckpointError, FlatbenchError
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, resolve_names
-from flatbench.measures.runner import DONE, FAILED, read_entries
+from flatbench.measures.runner import DONE, FAILED
+from flatbench.measures.targets import read_entries
 from flatbench.measures.stale import stale_keys
 from flatbench.store import (MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir,
                              run_json_problem)

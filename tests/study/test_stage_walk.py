@@ -1,0 +1,50 @@
+"""Issue 31's goal, walked by the code's own calls (`scripts/walk_stage.py`): following the study through
+the measure stage gives at most 20 stays and 8 returns, the same for 2 runs and for 5, and reads as
+plan → compute → store (the study's config, its checks, then the registry's plan and the compute loop)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _walker():
+    spec = importlib.util.spec_from_file_location("walk_stage", ROOT / "scripts" / "walk_stage.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["walk_stage"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _walk_measure(tmp_path: Path, runs: int) -> dict:
+    from flatbench.config import load_study
+    from flatbench.study.measure import measure_study
+    from flatbench.study.train import train_study
+
+    walker = _walker()
+    tmp_path.mkdir(parents=True)
+    config = tmp_path / "tiny.yaml"
+    ratios = ", ".join(f"{i / (runs - 1):g}" for i in range(runs))
+    config.write_text(f"name: tiny\ndata: {{dataset: mnist_mini, n_train: 200, random_label_ratio: [{ratios}]}}\n"
+                      "model: {name: mlp, widths: [16]}\ntrain: {epochs: 2, batch_size: 50}\n"
+                      "measure: {measures: [frobenius_norm, hessian_trace, path_norm], n_examples: 100}\n")
+    study = load_study(config, out=str(tmp_path))
+    train_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None)
+    rooms = walker.walk(lambda: measure_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None), study)
+    return walker.summarize(rooms)
+
+
+def test_the_measure_stage_enters_each_room_once_however_many_runs(tmp_path):
+    two = _walk_measure(tmp_path / "two", 2)
+    five = _walk_measure(tmp_path / "five", 5)
+    assert five["stays"] <= 20 and five["returns"] <= 8, five
+    assert five["sequence"] == two["sequence"], (two["sequence"], five["sequence"])  # no per-run back and forth
+    assert five["returns"] == 0 and max(five["entered"].values()) == 1, five
+    seq = five["sequence"]
+    assert seq[0] == "study/measure.py" and seq[-1] == "measures/runner.py"  # plan first, the compute loop last
+    assert seq.index("study/spec.py") < seq.index("measures/runner.py")
