@@ -4,6 +4,7 @@ groups, after checking everything that can be checked first."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,26 +30,25 @@ def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | 
     that the caller has already run `check_study` on this study (`flatbench run`), so it is not run again.
     """
     with StopFlag() as stop:  # a stop signal is kept for the whole stage (between runs too)
+        exp_dir = study.exp_dir  # the study is read in order: its config, its runs, then its checks
+        runs = [(rid, cfg) for rid, cfg in shard_runs(study, shard) if run_ids is None or rid in run_ids]
         if not checked:
             check_study(study)
-        return _train_study(study, device, stop, shard=shard, quiet=quiet, echo=echo, run_ids=run_ids)
+        return _train_study(study, exp_dir, runs, device, stop, quiet=quiet, echo=echo)
 
 
-def _train_study(study: Study, device: torch.device, stop: StopFlag, *, shard: tuple[int, int] | None,
-                 quiet: bool, echo: Echo, run_ids: list[str] | None) -> TrainOutcome:
+def _train_study(study: Study, exp_dir: Path, runs: list[tuple[str, Any]], device: torch.device, stop: StopFlag,
+                 *, quiet: bool, echo: Echo) -> TrainOutcome:
+    """The plan (the runs still to train, their data checked, the study saved), then the compute loop."""
     outcome = TrainOutcome()
-    runs = shard_runs(study, shard)
-    if run_ids is not None:
-        wanted = set(run_ids)
-        runs = [(rid, cfg) for rid, cfg in runs if rid in wanted]
     pending = []
     for rid, cfg in runs:
-        if check_run_dir(run_dir(study.exp_dir, rid), rid, cfg) == "finished":
+        if check_run_dir(run_dir(exp_dir, rid), rid, cfg) == "finished":
             outcome.skipped.append(rid)
         else:
             pending.append((rid, cfg))
     check_data(study, pending)
-    check_output_dir(study.exp_dir, "experiment folder")
+    check_output_dir(exp_dir, "experiment folder")
     save_study(study)
     done = len(outcome.skipped)
     groups = plan_groups(pending, device)
@@ -63,7 +63,7 @@ def _train_study(study: Study, device: torch.device, stop: StopFlag, *, shard: t
         if not quiet:
             echo(_starting(ids, done, len(runs)))
         done += len(ids)
-        outcome.add(train_group_job(group, study.exp_dir, device, study.sweep_axes, progress, echo))
+        outcome.add(train_group_job(group, exp_dir, device, study.sweep_axes, progress, echo))
     return outcome
 
 
