@@ -105,14 +105,22 @@ class HessianOperator:
                 break
         return {"mean": float(acc.mean), "stderr": float(acc.stderr()), "probes": acc.count}
 
-    def hutchpp_trace(self, *, generator: torch.Generator, **settings: Any) -> dict[str, Any]:
+    def hutchpp_trace(self, *, generator: torch.Generator, max_memory_mb: int = 1024,
+                      **settings: Any) -> dict[str, Any]:
         """Tr H to a requested relative standard error by adaptive Hutch++ (`curvature.trace`), with the
         trace of each parameter tensor (`block_traces`, keyed like `named_parameters` in `per_param`).
-        `settings`: rtol, max_hvps, sketch, min_probes (`HUTCHPP_DEFAULTS`)."""
+        `settings`: rtol, max_hvps, sketch, max_sketch, min_probes (`HUTCHPP_DEFAULTS`). The sketch grows
+        no further than `max_sketch` nor than what fits in `max_memory_mb` (Q and the kept probe images,
+        float64: 16 bytes per parameter and vector), and never below `sketch`; `max_sketch` in the result
+        is the limit that applied."""
         params = self.params
         device = next(iter(params.values())).device
+        settings = {**HUTCHPP_DEFAULTS, **settings}
+        fits = int(max_memory_mb) * 2 ** 20 // (16 * max(1, self.size))
+        settings["max_sketch"] = min(int(settings["max_sketch"]), max(int(settings["sketch"]), fits))
         out = hutchpp_trace(self.flat_matvec(), self.size, generator=generator, device=device,
-                            blocks=[p.numel() for p in params.values()], **{**HUTCHPP_DEFAULTS, **settings})
+                            blocks=[p.numel() for p in params.values()], **settings)
+        out["max_sketch"] = settings["max_sketch"]
         out["per_param"] = dict(zip(params, out["block_traces"]))
         out["stderr_per_param"] = dict(zip(params, out["block_stderrs"]))
         return out

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from flatbench.curvature import HessianOperator, hutchpp_trace, math_attention
+from flatbench.curvature import HUTCHPP_DEFAULTS, HessianOperator, hutchpp_trace, math_attention
 from flatbench.losses import get_loss
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import get_measure
@@ -126,13 +126,36 @@ def test_hutchpp_measure_reaches_its_standard_error_and_is_within_it() -> None:
     entry = trace_entry(net, x, y, exact_max_params=100, rtol=0.05)
     info, values = entry["info"], entry["values"]
     assert entry["status"] == "ok" and info["method"] == "hutchpp" and "exact_max_params" in info["reason"]
-    assert info["converged"] and info["rel_stderr"] <= 0.05 and info["hvps"] == 2 * info["sketch"] + info["probes"]
+    assert info["converged"] and info["rel_stderr"] <= 0.05 and info["sketch_sizes"][0] == 20
+    assert info["hvps"] == 2 * 20 + (info["sketch"] - 20) + info["probes_total"]  # every HVP accounted for
     assert abs(values["hessian_trace"] - exact) <= 4 * info["stderr"]
     parts = sum(v for k, v in values.items() if "/" in k)
     assert parts == pytest.approx(values["hessian_trace"], rel=1e-10)
     capped = trace_entry(net, x, y, exact_max_params=100, rtol=1e-4, max_hvps=50)["info"]
     assert not capped["converged"] and capped["hvps"] == 50 and capped["rel_stderr"] > 1e-4
     assert trace_entry(net, x, y, method="exact", exact_max_params=100)["status"] == "not_applicable"
+
+
+def test_max_sketch_is_checked_and_the_growth_fits_in_max_memory_mb() -> None:
+    """`max_sketch` is a setting with a valid range; the sketch's growth is also held within
+    measure.max_memory_mb (Q and the kept probe images, 16 bytes per parameter and vector), never below
+    `sketch`; `max_sketch` ≤ `sketch` keeps the sketch fixed."""
+    from flatbench.config import MeasureConfig
+    from flatbench.errors import FlatbenchError
+    from flatbench.measures.runner import check_settings
+
+    with pytest.raises(FlatbenchError, match="max_sketch: must be at least 0"):
+        check_settings(["hessian_trace"], MeasureConfig(settings={"hessian_trace": {"max_sketch": -1}}))
+    net, x, y, _ = case(TinyAttention)
+    spec = get_measure("hessian_trace")
+    assert spec.defaults["max_sketch"] == HUTCHPP_DEFAULTS["max_sketch"] == 1000
+    ctx = MeasureContext(model=net, inputs=x, targets=y, num_classes=C, measure_name="hessian_trace",
+                         max_memory_mb=1)
+    settings = {**spec.defaults, "exact_max_params": 0, "rtol": 0.05}
+    info = compute_entry(ctx, spec, settings, "ce")["info"]
+    assert info["max_sketch"] == 2 ** 20 // (16 * 675) == 97 and max(info["sketch_sizes"]) <= 97
+    fixed = trace_entry(net, x, y, exact_max_params=0, rtol=0.05, max_sketch=0)["info"]
+    assert fixed["sketch_sizes"] == [20] and fixed["max_sketch"] == 0
 
 
 def _spiked(size: int = 60, seed: int = 0) -> Tensor:
@@ -145,18 +168,20 @@ def _spiked(size: int = 60, seed: int = 0) -> Tensor:
 
 
 def test_hutchpp_error_is_calibrated_and_deflation_pays() -> None:
-    """Over 40 seeds on a fixed matrix: |error| ≤ 3 reported standard errors in ≥ 90% of the runs; with
-    a sketch of 10 the standard error after the same 60 HVPs is far below plain Hutchinson's (sketch 0);
-    a sketch as large as the matrix is exact with standard error 0."""
+    """Over 40 seeds on a fixed matrix, with a fixed sketch (max_sketch = sketch): |error| ≤ 3 reported
+    standard errors in ≥ 90% of the runs; with a sketch of 10 the standard error after the same 60 HVPs is
+    far below plain Hutchinson's (sketch 0); a sketch as large as the matrix is exact with standard error 0."""
     mat = _spiked()
     exact = float(mat.trace())
     matvec = lambda v: mat @ v  # noqa: E731 - an operator for the estimator
     within, ratios = 0, []
     for seed in range(40):
         kw = {"rtol": 1e-9, "max_hvps": 60, "min_probes": 2}
-        out = hutchpp_trace(matvec, 60, generator=torch.Generator().manual_seed(seed), sketch=10,
+        out = hutchpp_trace(matvec, 60, generator=torch.Generator().manual_seed(seed), sketch=10, max_sketch=10,
                             blocks=[20, 40], **kw)
-        plain = hutchpp_trace(matvec, 60, generator=torch.Generator().manual_seed(seed), sketch=0, **kw)
+        plain = hutchpp_trace(matvec, 60, generator=torch.Generator().manual_seed(seed), sketch=0, max_sketch=0,
+                              **kw)
+        assert out["sketch_rounds"] == plain["sketch_rounds"] == 0 and plain["sketch"] == 0
         within += abs(out["trace"] - exact) <= 3 * out["stderr"]
         ratios.append(out["stderr"] / plain["stderr"])
         assert sum(out["block_traces"]) == pytest.approx(out["trace"], rel=1e-12)
@@ -166,23 +191,135 @@ def test_hutchpp_error_is_calibrated_and_deflation_pays() -> None:
     assert full["trace"] == pytest.approx(exact, rel=1e-12) and full["stderr"] == 0 and full["converged"]
 
 
+def _plateau(size: int = 200, top: int = 60, seed: int = 2) -> Tensor:
+    """60 eigenvalues of magnitude 1-1.5, 40% of them negative, over a small tail: like the attention
+    network's Hessian, a trace (15.3) not far above ‖H‖_F (9.7), whose variance a sketch of 20 leaves nearly
+    whole. A fixed sketch of 20 ends at 1.3% after 2000 HVPs; the grown sketch reaches 1% in ~200."""
+    gen = torch.Generator().manual_seed(seed)
+    lam = 0.02 * torch.randn(size, generator=gen, dtype=torch.float64) + 0.01
+    signs = torch.where(torch.arange(top) % 5 < 3, 1.0, -1.0).double()
+    lam[:top] = signs * (1 + 0.5 * torch.rand(top, generator=gen, dtype=torch.float64))
+    q, _ = torch.linalg.qr(torch.randn(size, size, generator=gen, dtype=torch.float64))
+    return q @ torch.diag(lam) @ q.t()
+
+
+def _flat_operator(blocks: int = 20, width: int = 100, seed: int = 1):
+    """A 2000 × 2000 symmetric operator with a flat spectrum (eigenvalues 0.1 + N(0, 1), in 20 randomly
+    rotated 100 × 100 diagonal blocks): the deflated variance falls by ~1.5% per 30 sketch vectors, so
+    growing the sketch never pays, while 1% asks for ~500 probes."""
+    gen = torch.Generator().manual_seed(seed)
+    mats = []
+    for _ in range(blocks):
+        q, _ = torch.linalg.qr(torch.randn(width, width, generator=gen, dtype=torch.float64))
+        mats.append(q @ torch.diag(torch.randn(width, generator=gen, dtype=torch.float64) + 0.1) @ q.t())
+    stacked = torch.stack(mats)
+    exact = float(sum(float(m.trace()) for m in mats))
+    return (lambda v: torch.bmm(stacked, v.view(blocks, width, 1)).reshape(-1)), blocks * width, exact
+
+
+@pytest.mark.parametrize("which", ["spiked", "plateau"])
+def test_adaptive_hutchpp_is_calibrated(which: str) -> None:
+    """At the default settings, over 40 seeds: on the spiked matrix (the default sketch suffices: no
+    growth) and on the plateau matrix (the sketch grows every time), every run converges, |error| ≤ 3
+    reported standard errors in ≥ 90% of them, and |error| ≤ 1 standard error in between half and 90% of
+    them (68% for an honest standard error: neither too small nor inflated). The standard error is that of
+    the final round's probes alone; the per-block traces add up to the total."""
+    mat = _spiked() if which == "spiked" else _plateau()
+    size, exact = mat.shape[0], float(mat.trace())
+    within3, within1 = 0, 0
+    for seed in range(40):
+        out = hutchpp_trace(lambda v: mat @ v, size, generator=torch.Generator().manual_seed(seed),
+                            blocks=[size // 4, size - size // 4])
+        assert out["converged"] and out["rel_stderr"] <= 0.01 and out["probes"] >= HUTCHPP_DEFAULTS["min_probes"]
+        assert (out["sketch_rounds"] == 0) if which == "spiked" else (out["sketch_rounds"] >= 1 and out["sketch"] > 20)
+        assert out["hvps"] == 2 * 20 + (out["sketch"] - 20) + out["probes_total"]
+        assert sum(out["block_traces"]) == pytest.approx(out["trace"], rel=1e-12)
+        error = abs(out["trace"] - exact)
+        within3 += error <= 3 * out["stderr"]
+        within1 += error <= out["stderr"]
+    assert within3 >= 36 and 20 <= within1 <= 36, (within3, within1)
+
+
+def test_the_sketch_grows_where_it_pays_and_only_there() -> None:
+    """On the plateau matrix a fixed sketch of 20 spends the 2000 HVPs at > 1% (not converged); the grown
+    sketch converges in a fifth of that, its basis orthonormal. On the flat operator growth would not pay:
+    no growth, and the run is the fixed-sketch run, draw for draw."""
+    mat = _plateau()
+    fixed = hutchpp_trace(lambda v: mat @ v, 200, generator=torch.Generator().manual_seed(0), max_sketch=20)
+    grown = hutchpp_trace(lambda v: mat @ v, 200, generator=torch.Generator().manual_seed(0))
+    assert not fixed["converged"] and fixed["hvps"] == 2000 and fixed["rel_stderr"] > 0.01
+    assert grown["converged"] and grown["hvps"] < 400 and grown["sketch_sizes"][0] == 20 and grown["sketch"] >= 50
+    assert grown["sketch_sizes"] == sorted(set(grown["sketch_sizes"])) and grown["probes"] < grown["probes_total"]
+    matvec, size, exact = _flat_operator()
+    kept = hutchpp_trace(matvec, size, generator=torch.Generator().manual_seed(0))
+    alone = hutchpp_trace(matvec, size, generator=torch.Generator().manual_seed(0), max_sketch=20)
+    assert kept["sketch_rounds"] == 0 and kept["converged"] and kept["hvps"] > 500
+    assert kept == alone and abs(kept["trace"] - exact) <= 3 * kept["stderr"]
+    capped = hutchpp_trace(lambda v: mat @ v, 200, generator=torch.Generator().manual_seed(0), max_sketch=40)
+    assert max(capped["sketch_sizes"]) <= 40
+    small = hutchpp_trace(lambda v: mat @ v, 200, generator=torch.Generator().manual_seed(0), max_hvps=100)
+    assert not small["converged"] and small["hvps"] == 100  # no growth without the HVPs to use it
+
+
+def test_a_grown_sketch_stays_orthonormal_and_can_become_exact() -> None:
+    """Growing past the rank of the operator (a rank-30 matrix of size 80, a tiny rtol): the basis stays
+    orthonormal where the kept probe images are rank-deficient, and the estimate is exact to rounding; on a
+    full-rank matrix of size 40 the sketch grows to the size (the last growth clipped to it), and the trace
+    is exact with standard error 0."""
+    from flatbench.curvature.trace import _new_directions
+
+    gen = torch.Generator().manual_seed(3)
+    u = torch.randn(80, 30, generator=gen, dtype=torch.float64)
+    mat = u @ torch.diag(torch.linspace(-1, 2, 30, dtype=torch.float64)) @ u.t()
+    q, _ = torch.linalg.qr(torch.randn(80, 30, generator=gen, dtype=torch.float64))
+    basis = torch.cat([q, _new_directions(q, mat @ torch.randn(80, 50, generator=gen, dtype=torch.float64))], 1)
+    assert float((basis.t() @ basis - torch.eye(80, dtype=torch.float64)).abs().max()) < 1e-12
+    out = hutchpp_trace(lambda v: mat @ v, 80, generator=torch.Generator().manual_seed(0), rtol=1e-14,
+                        sketch=4, min_probes=4)
+    assert out["converged"] and out["sketch"] >= 30 and out["sketch_sizes"][:2] == [4, 8]
+    assert out["trace"] == pytest.approx(float(mat.trace()), rel=1e-10)
+    full_rank = _spiked(40)
+    exact = hutchpp_trace(lambda v: full_rank @ v, 40, generator=torch.Generator().manual_seed(0), rtol=1e-14,
+                          sketch=4, min_probes=4)
+    assert exact["sketch"] == 40 and exact["stderr"] == 0 and exact["probes"] == 0 and exact["converged"]
+    assert exact["trace"] == pytest.approx(float(full_rank.trace()), rel=1e-12)
+    assert sum(exact["block_traces"]) == pytest.approx(exact["trace"], rel=1e-12)
+
+
 @pytest.mark.parametrize("cls", [TinyLSTM, TinyAttention])
 def test_lstm_and_attention_traces_reach_one_percent_and_are_within_it(cls: type[nn.Module]) -> None:
     """Issue 29's criterion: on the LSTM and the ViT-like attention network (recurrent weights and the
-    positional embedding included), Hutch++ at its default rtol reaches a 1% relative standard error, and
-    its error against the materialized Hessian is within it (and within three of its standard errors). The
-    attention network's trace (4.3) is small beside its Frobenius norm: with the default sketch of 20 its
-    2000-HVP budget ends at 1.2% (status not_converged, checked below); a sketch of 100 reaches 1% in ~400."""
+    positional embedding included), Hutch++ at its default settings reaches a 1% relative standard error
+    and the materialized Hessian's trace lies within three of its standard errors. The attention network's
+    trace (4.3) is small beside its Frobenius norm: a fixed sketch of 20 spent the 2000 HVPs at 1.2%; the
+    sketch grows (20 → 50 → 100 here) and converges in under 500. That the error is within 1% of the exact
+    trace is, at a 1% standard error, a one-standard-error statement (68% of seeds): it is checked as a rate
+    over seeds on the materialized Hessians (`test_the_models_errors_are_within_one_percent_as_often_as_they_should`).
+    With a budget too small to reach 1% the status is not_converged, honestly."""
     net, x, y, hess = case(cls)
     exact = float(hess.trace())
-    if cls is TinyAttention:
-        stuck = trace_entry(net, x, y, exact_max_params=0)
-        assert stuck["status"] == "not_converged" and "budget of 2000 HVPs" in stuck["reason"]
-    sketch = 100 if cls is TinyAttention else 20
-    entry = trace_entry(net, x, y, exact_max_params=0, sketch=sketch)  # force the estimator on these small models
+    entry = trace_entry(net, x, y, exact_max_params=0)  # force the estimator on these small models
     info, value = entry["info"], entry["values"]["hessian_trace"]
     assert entry["status"] == "ok" and info["method"] == "hutchpp" and info["rtol"] == 0.01
-    assert info["converged"] and info["rel_stderr"] <= 0.01
-    assert abs(value - exact) <= min(3 * info["stderr"], 0.01 * abs(exact)), (value, exact, info["stderr"])
+    assert info["converged"] and info["rel_stderr"] <= 0.01 and info["hvps"] < 500
+    assert abs(value - exact) <= 3 * info["stderr"], (value, exact, info["stderr"])
+    if cls is TinyAttention:
+        assert info["sketch_rounds"] >= 1 and info["sketch"] > 20 and info["sketch_sizes"][0] == 20
     name = "hessian_trace/pos" if cls is TinyAttention else "hessian_trace/lstm.weight_hh_l0"
     assert entry["values"][name] != 0
+    capped = trace_entry(net, x, y, exact_max_params=0, max_hvps=60)
+    assert capped["status"] == "not_converged" and "budget of 60 HVPs" in capped["reason"]
+    assert capped["info"]["hvps"] == 60 and not capped["info"]["converged"]
+
+
+def test_the_models_errors_are_within_one_percent_as_often_as_they_should() -> None:
+    """The same estimator, at its defaults, on the two models' materialized Hessians over 20 seeds each:
+    every run converges at ≤ 1% relative standard error and is within 3 standard errors of the exact trace,
+    and the error is ≤ 1% of the exact trace in at least half of the runs (68% expected)."""
+    for cls in (TinyLSTM, TinyAttention):
+        hess = case(cls)[3]
+        exact, size = float(hess.trace()), hess.shape[0]
+        runs = [hutchpp_trace(lambda v: hess @ v, size, generator=torch.Generator().manual_seed(s)) for s in range(20)]
+        assert all(r["converged"] and r["rel_stderr"] <= 0.01 for r in runs)
+        assert all(abs(r["trace"] - exact) <= 3 * r["stderr"] for r in runs)
+        assert sum(abs(r["trace"] - exact) <= 0.01 * abs(exact) for r in runs) >= 10, cls.__name__

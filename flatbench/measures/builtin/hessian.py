@@ -19,7 +19,7 @@ from flatbench.measures.registry import setting_range
 
 TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES,
                                  "exact_max_params": DENSE_MAX_PARAMS,
-                                 **{k: HUTCHPP_DEFAULTS[k] for k in ("rtol", "max_hvps", "sketch")}}
+                                 **{k: HUTCHPP_DEFAULTS[k] for k in ("rtol", "max_hvps", "sketch", "max_sketch")}}
 TRACE_METHODS = ("auto", "exact", "hutchinson", "hutchpp")
 MAX_EIG_DEFAULTS: dict[str, Any] = {"iters": 100, "tol": 1e-6, "k": 1, "per": "none"}
 PER_CHOICES = ("none", "layer", "block")
@@ -30,10 +30,15 @@ TRACE_HELP = {
     "exact_max_params": "up to this many parameters the trace is exact for any architecture (one second-order "
                         "backward pass per parameter); integer ≥ 0, 0 turns it off",
     "rtol": "Hutch++ stops when its standard error is at most rtol × |estimate|; > 0",
-    "max_hvps": "Hutch++ budget in HVPs, its sketch (2 × sketch) included; integer ≥ 1; reached first: "
+    "max_hvps": "Hutch++ budget in HVPs, all counted: the initial sketch (2 × sketch), one per vector a growth "
+                "adds, every probe (discarded ones included); integer ≥ 1; reached first: status not_converged, "
                 "converged false in info",
-    "sketch": "Hutch++ deflation vectors (the top of the spectrum whose trace is computed exactly); integer ≥ 0, "
-              "0 is plain Hutchinson"}
+    "sketch": "Hutch++ initial deflation vectors (the top of the spectrum whose trace is computed exactly); the "
+              "sketch grows from there while that is predicted to cost fewer HVPs than more probes (up to "
+              "max_sketch); integer ≥ 0, 0 starts as plain Hutchinson",
+    "max_sketch": "the largest the Hutch++ sketch may grow to; integer ≥ 0, at most sketch (e.g. 0 with sketch 0: "
+                  "plain Hutchinson) keeps it fixed; growth also stops where the sketch's vectors (2 × 8 bytes × "
+                  "parameters × sketch) would pass measure.max_memory_mb"}
 MAX_EIG_HELP = {
     "iters": "maximum Lanczos steps (= full-data HVPs); integer ≥ 1",
     "tol": "stop when every wanted Ritz pair's residual ‖Hy − θy‖ is at most tol × max |θ|; > 0",
@@ -45,7 +50,7 @@ MAX_EIG_HELP = {
 
 
 TRACE_RULES = {"method": ("in", TRACE_METHODS), "probes": ("min", 1), "exact_max_params": ("min", 0),
-               "rtol": ("gt", 0), "max_hvps": ("min", 1), "sketch": ("min", 0)}
+               "rtol": ("gt", 0), "max_hvps": ("min", 1), "sketch": ("min", 0), "max_sketch": ("min", 0)}
 MAX_EIG_RULES = {"iters": ("min", 1), "tol": ("gt", 0), "k": ("min", 1), "per": ("in", PER_CHOICES)}
 DENSITY_RULES = {"runs": ("min", 1), "iters": ("min", 1), "grid": ("min", 2), "sigma": ("gt", 0)}
 
@@ -71,8 +76,8 @@ def hessian_trace(ctx: MeasureContext) -> MeasureOutput:
     """Settings: `method` auto (exact where it can be: the shared cached diagonal of piecewise-linear
     networks and smooth Sequential chains, else one HVP per parameter up to `exact_max_params` parameters;
     else Hutch++) | exact (not applicable where none of the exact paths applies) | hutchpp (always Hutch++:
-    stop at relative standard error `rtol`, at most `max_hvps` HVPs, `sketch` deflation vectors) |
-    hutchinson (`probes` Rademacher probes)."""
+    stop at relative standard error `rtol`, at most `max_hvps` HVPs, `sketch` deflation vectors to start
+    with, grown up to `max_sketch` while that saves HVPs) | hutchinson (`probes` Rademacher probes)."""
     method = _setting(ctx, TRACE_DEFAULTS, "method")
     if method not in TRACE_METHODS:
         raise ValueError(f"hessian_trace: method must be one of {', '.join(TRACE_METHODS)}, got {method!r}")
@@ -115,16 +120,20 @@ def _hutchpp_output(ctx: MeasureContext, reason: str) -> MeasureOutput:
     it reached, its cost in HVPs and whether it converged within `max_hvps`."""
     rtol, max_hvps = float(_setting(ctx, TRACE_DEFAULTS, "rtol")), int(_setting(ctx, TRACE_DEFAULTS, "max_hvps"))
     sketch = int(_setting(ctx, TRACE_DEFAULTS, "sketch"))
-    if not rtol > 0 or max_hvps < 1 or sketch < 0:
-        raise ValueError(f"hessian_trace: rtol must be > 0, max_hvps ≥ 1 and sketch ≥ 0 (got {rtol}, {max_hvps}, "
-                         f"{sketch})")
-    out = ctx.hessian.hutchpp_trace(generator=ctx.generator("hutchpp"), rtol=rtol, max_hvps=max_hvps, sketch=sketch)
+    max_sketch = int(_setting(ctx, TRACE_DEFAULTS, "max_sketch"))
+    if not rtol > 0 or max_hvps < 1 or sketch < 0 or max_sketch < 0:
+        raise ValueError(f"hessian_trace: rtol must be > 0, max_hvps ≥ 1, sketch ≥ 0 and max_sketch ≥ 0 (got {rtol}, "
+                         f"{max_hvps}, {sketch}, {max_sketch})")
+    out = ctx.hessian.hutchpp_trace(generator=ctx.generator("hutchpp"), rtol=rtol, max_hvps=max_hvps, sketch=sketch,
+                                    max_sketch=max_sketch, max_memory_mb=ctx.max_memory_mb)
     values = {"hessian_trace": out["trace"]}
     values.update({f"hessian_trace/{name}": v for name, v in out["per_param"].items()})
     info: dict[str, Any] = {"method": "hutchpp", "reason": reason, "loss": ctx.loss_name, "n_examples": ctx.n,
                             "stderr": _finite(out["stderr"]), "rel_stderr": _finite(out["rel_stderr"]),
                             "rtol": rtol, "converged": out["converged"], "hvps": out["hvps"],
-                            "probes": out["probes"], "sketch": out["sketch"],
+                            "probes": out["probes"], "probes_total": out["probes_total"], "sketch": out["sketch"],
+                            "sketch_sizes": out["sketch_sizes"], "sketch_rounds": out["sketch_rounds"],
+                            "max_sketch": out["max_sketch"],
                             "stderr_per_param": {k: _finite(v) for k, v in out["stderr_per_param"].items()}}
     if ctx.loss_name == "normalized_ce":
         info["normalized_ce_tau"] = ctx.normalized_ce_tau
