@@ -386,3 +386,24 @@ def test_rescaling_audit_is_in_the_report(tmp_path):
     verdict = _section(md, "Verdict")
     assert "node: holds" in verdict and "node: breaks 0.2" in verdict and "node: n/a" in verdict
     assert (exp / "plots" / "audit_audit_draws.png").is_file()
+
+
+def test_the_verdict_tables_audit_cells_do_not_wrap(tmp_path):
+    """The audit column's cells ("layer: holds; node: breaks 0.2") are one line each: they carry the nowrap
+    class, which the page's style keeps on one line (the browser test checks the rendered line count)."""
+    from flatbench.analysis.html_assets import CSS
+
+    exp = write_experiment(tmp_path, "audited")
+    (exp / "audit_draws").mkdir()
+    _audit_csv(exp / "audit_draws" / "audit_correlations.csv")
+    layer = pd.read_csv(exp / "audit_draws" / "audit_correlations.csv").assign(family="layer")
+    (exp / "audit_layer").mkdir()
+    layer.to_csv(exp / "audit_layer" / "audit_correlations.csv", index=False)
+    write_report([exp], exp, n_boot=50, echo=lambda _: None)
+    page = (exp / "report.html").read_text()
+    table = page[page.index('<table id="verdict"'):]
+    table = table[:table.index("</table>")]
+    cells = re.findall(r'<td class="nowrap">([^<]*)</td>', table)
+    assert "layer: breaks 0.2; node: breaks 0.2" in cells and "layer: holds; node: holds" in cells
+    assert len(cells) == table.count("<tr") - 1  # one in every row (measures and references) but the header
+    assert "td.nowrap{white-space:nowrap}" in CSS
