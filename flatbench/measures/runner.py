@@ -344,6 +344,9 @@ def _up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, A
     if model_sha256 is not None and record.get("model_sha256") != model_sha256:
         return False
     stored = {k: v for k, v in (record.get("settings") or {}).items() if k != "loss"}
+    for key in spec.added_settings:  # stored before the setting existed: computed as its default computes
+        if key not in stored and key in settings and settings[key] == spec.defaults.get(key):
+            stored[key] = settings[key]
     return stored == settings and record.get("context") == context
 
 
