@@ -17,6 +17,10 @@ says `larger_is_sharper=False` is negated first, so a positive τ means "tracks 
 All copies of a run are made in one pass: its context (model, data, measurement set) is built once, its
 untransformed values are read once, and each copy is a transformed deep copy with an empty cache (nothing
 computed on one copy is reused for another, so each value is the one the copy gets when measured alone).
+What the copies do share is the run's random draws (`MeasureContext.draws`: the Monte-Carlo measures'
+noise, which depends on the run's seed and the parameters' shapes, not on their values): a copy reads the
+numbers it would draw alone instead of drawing them again (tests/study/test_audit.py checks every value
+against the copy measured alone).
 The finished runs are written to audit_population.csv after each run, and a later call with the same
 settings (measure config, family, model file) reuses them, so an interrupted audit goes on where it
 stopped (`fresh=True` / `--fresh` recomputes everything).
@@ -403,7 +407,8 @@ def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list
     """Every (range, draw) copy of one run, in one pass: the context (model, data, measurement set) is
     built once, the untransformed values are read (or computed) once, and each copy is a transformed deep
     copy of the model in a context of its own (an empty cache: nothing computed on another copy is
-    reused, so every value is the one the copy gets when measured alone)."""
+    reused, so every value is the one the copy gets when measured alone; the run's random draws, which do
+    not depend on the parameters' values, are shared)."""
     stored = read_json(run_path / MEASURES_JSON) if (run_path / MEASURES_JSON).is_file() else {}
     ctx = build_context(run_path, cfg, torch.device(device))
     verdict = applicable_families(ctx.model)[fam]
