@@ -335,7 +335,7 @@ def model_hash(target: Target | Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
+def up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
                 model_sha256: str | None = None) -> bool:
     """Whether a stored entry is the one these settings, this measurement context and this model give: an
     entry of another model file (the run was trained again, e.g. on another machine) is recomputed."""
@@ -378,7 +378,7 @@ def todo_entries(results: dict[str, Any], measures: tuple[PlannedMeasure, ...], 
     """The (spec, loss, key) entries of `measures` that `results` (a target's measures.json) lacks or holds
     for other settings, another measurement set, another model file or another plugin source."""
     return [(m.spec, loss, key) for m in measures for loss, key in m.keys
-            if force or not _up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)]
+            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)]
 
 
 def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig, force: bool = False, *,

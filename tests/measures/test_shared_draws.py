@@ -26,7 +26,7 @@ from flatbench.measures.builtin.pacbayes import accuracy, scale_perturbation, st
 from flatbench.measures.builtin.sharpness import _mc_estimate, adaptive_average_case, average_case_logits
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import get_measure
-from flatbench.measures.runner import _up_to_date, compute_entry, context_in, measurement_context, pending_entries
+from flatbench.measures.runner import up_to_date, compute_entry, context_in, measurement_context, pending_entries
 from flatbench.study.spec import read_saved_study
 
 MC = ("adaptive_sharpness_avg", "pacbayes_flatness", "pacbayes_mag_flatness")
@@ -184,5 +184,5 @@ def test_results_stored_before_the_rtol_setting_stay_up_to_date(tmp_path):
     for name in names:
         spec = get_measure(name)
         record = stored[name]
-        assert _up_to_date(record, spec, spec.settings(study_cfg.settings), measurement_context(study_cfg, spec),
+        assert up_to_date(record, spec, spec.settings(study_cfg.settings), measurement_context(study_cfg, spec),
                            record.get("model_sha256"))

@@ -218,6 +218,42 @@ def test_population_copies_read_their_runs_draws_and_get_their_lone_values(exper
                         assert float(row["transformed"].iloc[0]) == alone["values"][entry.key], (run.name, entry.key)
 
 
+def test_population_recomputes_an_untransformed_value_of_other_settings(experiment: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The untransformed value is read from measures.json only when it was computed with the audit's settings
+    (measurement context and model file too): a study whose Monte-Carlo measure got an `rtol` after it was
+    measured has its originals computed again, with the copies' settings, never compared across settings."""
+    import dataclasses
+    import shutil
+
+    from flatbench.measures.runner import measure_run
+    from flatbench.study import audit as audit_mod
+    from flatbench.study import population as population_mod
+
+    exp = tmp_path / "exp"
+    shutil.copytree(experiment, exp, ignore=shutil.ignore_patterns("audit*"))
+    cfg = audit_mod.measure_config(exp)
+    names = ["frobenius_norm", "adaptive_sharpness_avg"]
+    for run in (exp / "runs").iterdir():
+        measure_run(run, names, cfg, torch.device("cpu"))
+    _population(exp, tmp_path / "same", ",".join(names), draws=1)
+    same = pd.read_csv(tmp_path / "same" / "audit_population.csv")
+    assert set(same["original_source"]) == {"measures.json"}
+    other = dataclasses.replace(cfg, settings={"adaptive_sharpness_avg": {"rtol": 0.5, "min_samples": 2}})
+    monkeypatch.setattr(population_mod, "measure_config", lambda *_a, **_k: other)
+    _population(exp, tmp_path / "other", ",".join(names), draws=1)
+    rows = pd.read_csv(tmp_path / "other" / "audit_population.csv")
+    source = rows.groupby("measure")["original_source"].agg(set).to_dict()
+    assert source == {"frobenius_norm": {"measures.json"}, "adaptive_sharpness_avg": {"computed"}}
+    ctx_values = []
+    for run in sorted((exp / "runs").iterdir()):
+        ctx = population_mod.build_context(run, other, torch.device("cpu"))
+        entry = audit_mod.plan_entries(["adaptive_sharpness_avg"], other)[0]
+        ctx_values.append(audit_mod.measure_entry(ctx, entry)["values"]["adaptive_sharpness_avg"])
+    originals = rows[rows["measure"] == "adaptive_sharpness_avg"].drop_duplicates("run_id").sort_values("run_id")
+    assert list(originals["original"]) == ctx_values
+
+
 def test_population_missing_transformed_value_is_not_zero(experiment: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A measure that fails on every transformed copy: status no_transformed, τ and Δτ empty (not 0), n/a in
