@@ -109,7 +109,8 @@ class NormalDraws:
             self.generator.set_state(self.states[start])
             self.position = start
         while True:
-            self.states.setdefault(self.position, self.generator.get_state())
+            if not self.keep:  # a kept draw is never drawn again: no state to go back to
+                self.states.setdefault(self.position, self.generator.get_state())
             z = torch.randn(self.numel, generator=self.generator, device=self.generator.device, dtype=torch.float64)
             z = z.to(device=self.device, dtype=self.dtype)
             at, self.position = self.position, self.position + 1
