@@ -54,7 +54,7 @@ BUGS = {
     '''),
     "measure cache ignores the context": ("tests/test_planted_bugs.py -k context", '''
         import flatbench.measures.runner as r
-        r._up_to_date = lambda record, settings, context: (record.get("status") in r.DONE and
+        r.up_to_date = lambda record, spec, settings, context, model_sha256=None: (record.get("status") in r.DONE and
             {k: v for k, v in (record.get("settings") or {}).items() if k != "loss"} == settings)
     '''),
     "measure context without n_examples": ("tests/test_planted_bugs.py -k context", '''

@@ -64,6 +64,8 @@ class Table:
     """Rows kept below the sorted ones (the reference rows: floor and ceiling)."""
     colors: dict[tuple[int, int], str] = field(default_factory=dict)
     """(row, column) → a cell's background colour (rows counted over `rows` then `foot`)."""
+    nowrap: frozenset[int] = frozenset()
+    """Columns whose cells never wrap (short phrases such as the verdict's "node: moves 0.088")."""
 
 
 @dataclass
@@ -221,9 +223,11 @@ def _md_block(block: Block) -> list[str]:
     raise TypeError(f"unknown block {type(block).__name__}")
 
 
-def _html_cell(text: str, numeric: bool, color: str) -> str:
+def _html_cell(text: str, numeric: bool, color: str, nowrap: bool = False) -> str:
     style = f' style="background:{color};color:{_ink(color)}"' if color else ""
-    return f'<td class="num"{style}>{inline_html(text)}</td>' if numeric else f"<td{style}>{inline_html(text)}</td>"
+    classes = " ".join(c for c in ("num" if numeric else "", "nowrap" if nowrap else "") if c)
+    css = f' class="{classes}"' if classes else ""
+    return f"<td{css}{style}>{inline_html(text)}</td>"
 
 
 def _ink(color: str) -> str:
@@ -244,7 +248,8 @@ def _html_table(block: Table) -> str:
     for i, row in enumerate([*block.rows, *block.foot]):
         attrs = block.row_attrs[i] if block.row_attrs and i < len(block.row_attrs) else {}
         attr_text = "".join(f' data-{k}="{html.escape(v)}"' for k, v in attrs.items())
-        cells = "".join(_html_cell(c, num, block.colors.get((i, j), "")) for j, (c, num) in enumerate(zip(row, numeric)))
+        cells = "".join(_html_cell(c, num, block.colors.get((i, j), ""), j in block.nowrap)
+                        for j, (c, num) in enumerate(zip(row, numeric)))
         (rows if i < len(block.rows) else foot).append(f"<tr{attr_text}>{cells}</tr>")
     classes = " ".join(c for c in ("sortable" if block.sortable else "", "compact" if block.compact else "") if c)
     attrs = (f' id="{html.escape(block.table_id)}"' if block.table_id else "") + \

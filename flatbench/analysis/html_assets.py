@@ -19,7 +19,7 @@ margin-top:1.8em}h3{font-size:1.05em;margin-top:1.4em}
 table{border-collapse:collapse;font-size:.84em;margin:.6em 0}
 table.compact{font-size:.78em}
 th,td{border:1px solid #bbb;padding:.2em .45em;text-align:left;vertical-align:top}
-th{background:#eee}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th{background:#eee}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}td.nowrap{white-space:nowrap}
 tbody tr:nth-child(even){background:#f7f7f7}tfoot td{background:#eef3f8;font-style:italic}
 table.sortable th{cursor:pointer}table.sortable th[aria-sort=ascending]::after{content:" \\25B2";font-size:.7em}
 table.sortable th[aria-sort=descending]::after{content:" \\25BC";font-size:.7em}

@@ -176,7 +176,8 @@ def verdict_table(ctx: Any) -> Table:
                  *[False] * len(models)]
     return Table(headers, rows, numeric, table_id="verdict", sortable=True, filters=["family", "cost", "invariance"],
                  row_attrs=attrs, compact=True, ascending=ascending, foot=foot,
-                 colors={key: c for key, c in colors.items() if c})
+                 colors={key: c for key, c in colors.items() if c},
+                 nowrap=frozenset({headers.index("audit: largest |Δτ|")}))
 
 
 def _references(ctx: Any) -> list[dict[str, Any]]:

@@ -2,7 +2,9 @@
 
 One context per (model, loss). Shared quantities (the exact Hessian diagonal, per-layer traces) are
 computed once through `ctx.cached(key, fn)` and reused by every measure that needs them; the cache is
-shared between the contexts of one model, so keys that depend on the loss must include it.
+shared between the contexts of one model, so keys that depend on the loss must include it. Random draws
+that do not depend on the model's values are kept in `ctx.draws`, which every context of one run shares
+(its rescaled copies included: their cache is fresh, their draws are the run's).
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class MeasureContext:
     """The run's ModelConfig (None for ad-hoc models in tests)."""
     measure_name: str = ""
     cache: dict[Any, Any] = field(default_factory=dict)
+    draws: dict[Any, Any] = field(default_factory=dict)
+    """Random numbers that depend only on the run's seed, the measure, its tag and the parameters' shapes,
+    never on the parameters' values (`measures.shared.normal_draws`, the PAC-Bayes noise): shared by every
+    context of one run, the dtype twins and the audit's rescaled copies included (`dataclasses.replace`
+    keeps the dict), so a rescaled copy gets the very numbers it would draw alone without drawing them."""
 
     @property
     def device(self) -> torch.device:

@@ -172,6 +172,10 @@ class MeasureSpec:
     `normalized_sharpness` and `fisher_rao_norm`): asked for with another loss, its entry says so in `reason`."""
     check: Callable[[dict[str, Any]], None] | None = None
     """Checks the values of the measure's settings (raises `FlatbenchError` with one line) before any work."""
+    added_settings: frozenset[str] = frozenset()
+    """Settings added after results were stored whose default keeps the earlier computation (e.g. `rtol` = 0,
+    no early stopping): a stored entry without one of them counts as computed at its default, so adding the
+    setting does not make earlier results stale."""
 
     def settings(self, user: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """The settings a computation uses: defaults, then the user's `measure.settings`, then the preset."""
@@ -209,8 +213,8 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
                      exact: bool = True, variants: dict[str, dict[str, Any]] | None = None,
                      family: str | None = None, precision: str = "float64",
                      settings_help: dict[str, str] | None = None, in_all: bool = True,
-                     fixed_loss: str = "", check: Callable[[dict[str, Any]], None] | None = None
-                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+                     fixed_loss: str = "", check: Callable[[dict[str, Any]], None] | None = None,
+                     added_settings: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `fn(ctx) -> dict | MeasureOutput` as the measure `name` (see the module docstring).
 
     `invariant_to`: the rescaling families (`flatbench.rescale.FAMILIES`) the measure is declared invariant
@@ -225,12 +229,13 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
     whether `all` includes it (False: only asked for by name). `fixed_loss`: the one loss a measure that does not
     `uses_loss` computes with (its entry says so when another loss is asked for). `check(settings)`: raises a
     `FlatbenchError` for a bad setting value, called before any work (settings of the defaults' type are
-    checked for every measure)."""
+    checked for every measure). `added_settings`: settings added to `defaults` after results were stored, whose
+    defaults compute what the measure computed without them (a stored entry lacking one stays up to date)."""
     unknown = set(invariant_to) - set(FAMILIES)
     if unknown:
         raise FlatbenchError(f"measure '{name}': unknown invariance families {sorted(unknown)} (families: "
                              f"{', '.join(FAMILIES)})")
-    stray = set(settings_help or {}) - set(defaults or {})
+    stray = (set(settings_help or {}) | set(added_settings)) - set(defaults or {})
     if stray:
         raise FlatbenchError(f"measure '{name}': settings_help for unknown settings {sorted(stray)}")
     if precision not in PRECISIONS:
@@ -262,7 +267,8 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
                                       origin=origin, origin_sha256=sha,
                                       family=family or ("" if origin == "builtin" else _plugin_name(origin)),
                                       precision=precision, settings_help=dict(settings_help or {}),
-                                      in_all=bool(in_all), fixed_loss=str(fixed_loss), check=check)
+                                      in_all=bool(in_all), fixed_loss=str(fixed_loss), check=check,
+                                      added_settings=frozenset(added_settings))
         return fn
 
     return decorator

@@ -237,7 +237,7 @@ def _checked_output(spec: MeasureSpec, loss: str | None, out: MeasureOutput) -> 
     return {"status": "ok", "values": values, "info": out.info}
 
 
-def _up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
+def up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
                 model_sha256: str | None = None) -> bool:
     """Whether a stored entry is the one these settings, this measurement context and this model give: an
     entry of another model file (the run was trained again, e.g. on another machine) is recomputed."""
@@ -246,6 +246,9 @@ def _up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, A
     if model_sha256 is not None and record.get("model_sha256") != model_sha256:
         return False
     stored = {k: v for k, v in (record.get("settings") or {}).items() if k != "loss"}
+    for key in spec.added_settings:  # stored before the setting existed: computed as its default computes
+        if key not in stored and key in settings and settings[key] == spec.defaults.get(key):
+            stored[key] = settings[key]
     return stored == settings and record.get("context") == context
 
 
@@ -277,7 +280,7 @@ def todo_entries(results: dict[str, Any], measures: tuple[PlannedMeasure, ...], 
     """The (spec, loss, key) entries of `measures` that `results` (a target's measures.json) lacks or holds
     for other settings, another measurement set, another model file or another plugin source."""
     return [(m.spec, loss, key) for m in measures for loss, key in m.keys
-            if force or not _up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)]
+            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)]
 
 
 def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig, force: bool = False, *,

@@ -83,6 +83,58 @@ def layers(ctx: MeasureContext) -> list[WeightLayer]:
     return ctx.cached("weight_layers", lambda: weight_layers(ctx.model, ctx.inputs[:1]))
 
 
+class NormalDraws:
+    """Standard-normal vectors of `numel` entries drawn one after another from one seeded generator, in
+    float64, each rounded to `dtype` (a float32 computation sees the same numbers as a float64 one): item i
+    is the i-th draw of that generator whatever order the items are asked for in. Drawn on demand; kept
+    when `keep` (they fit the memory budget), else drawn again when asked again, from the generator's state
+    saved before each draw (so an item asked for out of order costs its own draws, never a different
+    number)."""
+
+    def __init__(self, generator: torch.Generator, numel: int, dtype: torch.dtype, device: torch.device,
+                 keep: bool):
+        self.generator, self.numel, self.dtype, self.device, self.keep = generator, int(numel), dtype, device, keep
+        self.kept: dict[int, torch.Tensor] = {}
+        self.states: dict[int, torch.Tensor] = {0: generator.get_state()}
+        self.position = 0
+        """The index the generator's next draw has."""
+        self.drawn = 0
+        """How many vectors were drawn (repeats included): what the cache saves is visible in tests."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index in self.kept:
+            return self.kept[index]
+        start = max(k for k in self.states if k <= index)  # the nearest state saved before a draw up to it
+        if index < self.position or start > self.position:
+            self.generator.set_state(self.states[start])
+            self.position = start
+        while True:
+            if not self.keep:  # a kept draw is never drawn again: no state to go back to
+                self.states.setdefault(self.position, self.generator.get_state())
+            z = torch.randn(self.numel, generator=self.generator, device=self.generator.device, dtype=torch.float64)
+            z = z.to(device=self.device, dtype=self.dtype)
+            at, self.position = self.position, self.position + 1
+            self.drawn += 1
+            if self.keep:
+                self.kept[at] = z
+            if at == index:
+                return z
+
+
+def normal_draws(ctx: MeasureContext, tag: str, count: int, numel: int, dtype: torch.dtype) -> NormalDraws:
+    """The standard-normal vectors a measure draws from `ctx.generator(tag)` (`count` of `numel` entries,
+    each drawn in float64 and rounded to `dtype`), as `NormalDraws`, kept in `ctx.draws`: the numbers depend
+    on the run's seed, the measure, the tag and the sizes only, not on the parameters' values, so every
+    context of the run (its dtype twin, the audit's rescaled copies) reads the same draws instead of making
+    them again. They are kept when `count` of them fit `ctx.max_memory_mb`, else drawn on demand."""
+    key = ("normal_draws", ctx.seed, ctx.measure_name, tag, int(count), int(numel), dtype, str(ctx.device))
+    if key not in ctx.draws:
+        size = int(count) * int(numel) * torch.empty((), dtype=dtype).element_size()
+        ctx.draws[key] = NormalDraws(ctx.generator(tag), numel, dtype, ctx.device,
+                                     keep=size <= ctx.max_memory_mb * 2 ** 20)
+    return ctx.draws[key]
+
+
 def prime_hessian_diagonals(contexts: list[MeasureContext], losses: list[str] | tuple[str, ...]) -> int:
     """Compute the exact diagonals of same-architecture plain MLPs in one batched computation per loss
     (`flatbench.curvature.group`) and cache them as `hessian_diagonal` would; returns how many contexts got
@@ -122,6 +174,7 @@ __all__: list[Any] = [
     "hutchinson_diagonal",
     "hvp",
     "layers",
+    "normal_draws",
     "prime_hessian_diagonals",
     "require_relu_network",
 ]

@@ -17,6 +17,10 @@ says `larger_is_sharper=False` is negated first, so a positive τ means "tracks 
 All copies of a run are made in one pass: its context (model, data, measurement set) is built once, its
 untransformed values are read once, and each copy is a transformed deep copy with an empty cache (nothing
 computed on one copy is reused for another, so each value is the one the copy gets when measured alone).
+What the copies do share is the run's random draws (`MeasureContext.draws`: the Monte-Carlo measures'
+noise, which depends on the run's seed and the parameters' shapes, not on their values): a copy reads the
+numbers it would draw alone instead of drawing them again (tests/study/test_audit.py checks every value
+against the copy measured alone).
 The finished runs are written to audit_population.csv after each run, and a later call with the same
 settings (measure config, family, model file) reuses them, so an interrupted audit goes on where it
 stopped (`fresh=True` / `--fresh` recomputes everything).
@@ -59,7 +63,7 @@ from flatbench.store import (MEASURES_JSON, RUN_JSON, atomic_write_bytes, atomic
                              is_finished, read_json)
 from flatbench.analysis.audit_plots import audit_correlations_figure
 from flatbench.measures.registry import all_measures, get_measure, load_plugins
-from flatbench.measures.runner import build_context
+from flatbench.measures.runner import build_context, measurement_context, up_to_date
 from flatbench.rescale import applicable_families
 from flatbench.seeding import make_generator
 from flatbench.study.workers import run_jobs
@@ -396,6 +400,14 @@ def _write_outputs(out: Path, per_run: pd.DataFrame, entries: list[Entry], fam: 
     return corr
 
 
+def _stored_applies(record: dict[str, Any], entry: Entry, cfg: Any, info: dict[str, Any]) -> bool:
+    """Whether a measures.json entry is the untransformed value of `entry` as the audit computes it: the same
+    settings (e.g. a Monte-Carlo `rtol` set in the study after it was measured is not), measurement context
+    and model file (`measures.runner.up_to_date`, the measure stage's own test); else it is computed again."""
+    spec = get_measure(entry.name)
+    return up_to_date(record, spec, entry.settings, measurement_context(cfg, spec), info.get("model_sha256"))
+
+
 def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list[Entry], fam: str,
                    factors: tuple[float, ...], draws: int, gap_col: str, signature: str,
                    device: torch.device | str, build_context: Callable[..., Any],
@@ -403,7 +415,8 @@ def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list
     """Every (range, draw) copy of one run, in one pass: the context (model, data, measurement set) is
     built once, the untransformed values are read (or computed) once, and each copy is a transformed deep
     copy of the model in a context of its own (an empty cache: nothing computed on another copy is
-    reused, so every value is the one the copy gets when measured alone)."""
+    reused, so every value is the one the copy gets when measured alone; the run's random draws, which do
+    not depend on the parameters' values, are shared)."""
     stored = read_json(run_path / MEASURES_JSON) if (run_path / MEASURES_JSON).is_file() else {}
     ctx = build_context(run_path, cfg, torch.device(device))
     verdict = applicable_families(ctx.model)[fam]
@@ -415,7 +428,7 @@ def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list
     for entry in entries:
         original = stored.get(entry.key)
         if isinstance(original, dict) and original.get("status") == "ok" \
-                and entry.key in original.get("values", {}):
+                and entry.key in original.get("values", {}) and _stored_applies(original, entry, cfg, info):
             originals[entry.key] = (original, "measures.json")
         else:
             originals[entry.key] = (measure_entry(ctx, entry), "computed")

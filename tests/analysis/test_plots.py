@@ -251,3 +251,48 @@ def test_matrices_at_40_measures_fit_the_page():
     png = plots.agreement_figure(matrix, families)
     width, height = PILImage.open(io.BytesIO(png)).size
     assert width <= plots.PAGE_WIDTH * plots.DPI + 1 and height < 1.3 * width
+
+
+def test_ratio_colour_bar_shows_only_the_studys_ratios():
+    """A study with ratios 0 and 0.5 gets a key of two swatches labelled 0 and 0.5, each in the colour its
+    points have (RATIO_NORM on [0, 1], the same in every figure), not a bar over [0, 1]; without ratios, the
+    continuous bar."""
+    from matplotlib import colormaps
+
+    from flatbench.analysis.plots.common import CMAP, RATIO_NORM, new_figure, ratio_colorbar
+
+    fig = new_figure(4, 3)
+    ax = fig.add_subplot()
+    cbar = ratio_colorbar(fig, ax, 8, ratios=[0.5, 0.0, math.nan, 0.5, 0.0])
+    assert [t.get_text() for t in cbar.ax.get_yticklabels()] == ["0", "0.5"]
+    assert len(cbar.cmap.colors) == 2
+    for colour, ratio in zip(cbar.cmap.colors, (0.0, 0.5)):
+        assert np.allclose(colour, colormaps[CMAP](RATIO_NORM(ratio)))
+    plain = ratio_colorbar(new_figure(4, 3), new_figure(4, 3).add_subplot(), 8)
+    assert plain.norm.vmin == 0.0 and plain.norm.vmax == 1.0
+
+
+def test_figures_give_the_ratio_key_their_runs_ratios(monkeypatch):
+    """The scatter grid, the single-measure figure, the design (hyperparameter) figure and the training curves
+    pass their runs' ratios to the colour key, so it lists the study's ratios only."""
+    from flatbench.analysis.plots import common, design, scatter, training
+
+    seen = []
+    real = common.ratio_colorbar
+
+    def spy(fig, axes, fontsize, shrink=1.0, ratios=None):
+        seen.append(common.study_ratios(ratios))
+        return real(fig, axes, fontsize, shrink, ratios)
+
+    for module in (scatter, design, training):
+        monkeypatch.setattr(module, "ratio_colorbar", spy)
+    frame = _table(8)
+    frame["data.random_label_ratio"] = [0.0, 0.5] * 4
+    frame["train.lr"] = [1e-3] * 4 + [3e-3] * 4
+    labels = plots.model_labels(frame)
+    row = {"kendall_tau": 0.5, "kendall_p": 0.1, "n": 8}
+    plots.measure_figure(frame, "m", "acc", "gap_acc", labels, row, True)
+    plots.scatter_grid(frame, ["m", "k"], "acc", "gap_acc", labels, {"m": row})
+    design.axis_figure(frame, "train.lr", ["m"], "acc", "gap_acc", labels, {"m": row})
+    plots.training_curves_figure({"a": _history(3, 0.0), "b": _history(3, 0.5)}, {"a": 0.0, "b": 0.5})
+    assert seen == [[0.0, 0.5]] * 4

@@ -386,3 +386,74 @@ def test_rescaling_audit_is_in_the_report(tmp_path):
     verdict = _section(md, "Verdict")
     assert "node: holds" in verdict and "node: breaks 0.2" in verdict and "node: n/a" in verdict
     assert (exp / "plots" / "audit_audit_draws.png").is_file()
+
+
+def test_the_verdict_tables_audit_cells_do_not_wrap(tmp_path):
+    """The audit column's cells ("layer: holds; node: breaks 0.2") are one line each: they carry the nowrap
+    class, which the page's style keeps on one line (the browser test checks the rendered line count)."""
+    from flatbench.analysis.html_assets import CSS
+
+    exp = write_experiment(tmp_path, "audited")
+    (exp / "audit_draws").mkdir()
+    _audit_csv(exp / "audit_draws" / "audit_correlations.csv")
+    layer = pd.read_csv(exp / "audit_draws" / "audit_correlations.csv").assign(family="layer")
+    (exp / "audit_layer").mkdir()
+    layer.to_csv(exp / "audit_layer" / "audit_correlations.csv", index=False)
+    write_report([exp], exp, n_boot=50, echo=lambda _: None)
+    page = (exp / "report.html").read_text()
+    table = page[page.index('<table id="verdict"'):]
+    table = table[:table.index("</table>")]
+    cells = re.findall(r'<td class="nowrap">([^<]*)</td>', table)
+    assert "layer: breaks 0.2; node: breaks 0.2" in cells and "layer: holds; node: holds" in cells
+    assert len(cells) == table.count("<tr") - 1  # one in every row (measures and references) but the header
+    assert "td.nowrap{white-space:nowrap}" in CSS
+
+
+def test_per_model_delta_tau_separates_a_block_move_from_the_order_within_models(tmp_path):
+    """A rescaling that moves one model's values as a block changes the pooled τ but no model's own τ:
+    `per_model_deltas` gives Δτ 0 for each model where the pooled Δτ is not 0."""
+    from flatbench.analysis.audit_models import per_model_deltas
+    from flatbench.analysis.stats import kendall_batch
+
+    rows, models = [], {}
+    for i in range(12):
+        model = "a" if i < 6 else "b"
+        run = f"r{i}"
+        models[run] = model
+        gap = (i % 6) / 10 + (0.05 if model == "b" else 0.0)
+        value = gap + (10.0 if model == "a" else 0.0)  # within each model the value follows the gap
+        for draw in range(2):
+            moved = value * (100.0 if model == "b" else 1.0)  # model b's values moved above model a's
+            rows.append({"run_id": run, "measure": "m", "family": "node", "max_factor": 100.0, "draw": draw,
+                         "original": value, "transformed": moved, "gap": gap})
+    frame = pd.DataFrame(rows)
+    frame.to_csv(tmp_path / "audit_population.csv", index=False)
+    one = frame[frame["draw"] == 0]
+    pooled = (kendall_batch(one["transformed"].to_numpy(float), one["gap"].to_numpy(float))[0]
+              - kendall_batch(one["original"].to_numpy(float), one["gap"].to_numpy(float))[0])
+    assert abs(pooled) > 0.1
+    per_model = per_model_deltas(tmp_path, models, {"m": True})
+    assert sorted(per_model["model"]) == ["a", "b"] and (per_model["n"] == 6).all()
+    assert (per_model["delta_mean"].abs() < 1e-12).all() and (per_model["delta_absmax"].abs() < 1e-12).all()
+
+
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "cpu"
+
+
+def test_the_committed_reports_show_delta_tau_per_model_and_the_layer_wise_audit():
+    """Issue 28: the study that pools models (tsuzuku_mnist: lenet and mlp) has Δτ within each model for every
+    audited measure and range, and Ibayashi et al.'s report has its layer-wise audit (audit_layer/) next to
+    the node-wise one, as a table and a figure."""
+    md = (COMMITTED / "tsuzuku_mnist" / "report.md").read_text()
+    audit = _section(md, "Rescaling audit")
+    head = "| measure | factor range | pooled Δτ | Δτ `lenet` | Δτ `mlp` |"
+    assert head in audit
+    table = audit[audit.index(head):].split("\n\n")[0].splitlines()[2:]
+    corr = pd.read_csv(COMMITTED / "tsuzuku_mnist" / "audit_correlations.csv")
+    assert len(table) == len(corr)
+    finite = [line for line in table if re.search(r"\(max [0-9.]+, n 12\) \| [+-][0-9.]+ \(max [0-9.]+, n 12\) \|$", line)]
+    assert len(finite) >= len(table) // 2
+    ib = _section((COMMITTED / "ibayashi_mnist" / "report.md").read_text(), "Rescaling audit")
+    assert "`audit_layer/audit_correlations.csv`: layer rescaling" in ib and "plots/audit_audit_layer.png" in ib
+    assert "`audit_correlations.csv`: node rescaling" in ib
+    assert (COMMITTED / "ibayashi_mnist" / "plots" / "audit_audit_layer.png").is_file()

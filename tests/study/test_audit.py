@@ -173,6 +173,87 @@ def test_population_draws_are_seeded_distinct_and_in_range(experiment: Path, tmp
     assert not corr[corr["measure"] == "frobenius_norm"]["declared_invariant"].any()
 
 
+def test_population_copies_read_their_runs_draws_and_get_their_lone_values(experiment: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28 (a): the Monte-Carlo measures' random draws depend on the run's seed and the parameters' shapes
+    only, so the copies of a run read the draws its first computation made (`ctx.draws`) instead of drawing
+    them again: every transformed value (and status) is bitwise the one of the copy measured alone, in a fresh
+    context of its own, and the PAC-Bayes noise is drawn once per run, not once per copy."""
+    from flatbench.measures.builtin import pacbayes
+    from flatbench.measures.runner import build_context
+    from flatbench.study import audit as audit_mod
+    from flatbench.study import population as population_mod
+
+    calls = []
+    real = pacbayes.standard_normals
+
+    def counting(params, generator):
+        calls.append(1)
+        return real(params, generator)
+
+    monkeypatch.setattr(pacbayes, "standard_normals", counting)
+    names = ["adaptive_sharpness_avg", "pacbayes_flatness"]
+    _population(experiment, tmp_path, ",".join(names), draws=2)
+    rows = pd.read_csv(tmp_path / "audit_population.csv")
+    cfg = audit_mod.measure_config(experiment)
+    samples = cfg.settings.get("pacbayes_flatness", {}).get("samples", 10)
+    searched = rows[(rows["measure"] == "pacbayes_flatness") & (rows["original_source"] == "computed")]
+    assert len(calls) == samples * searched["run_id"].nunique()  # once per run (its original), never per copy
+    ok = rows[rows["status"] == "ok"]
+    assert set(rows["status"]) <= {"ok", "no_original"} and set(ok["measure"]) == set(names)
+    monkeypatch.setattr(pacbayes, "standard_normals", real)
+    entries = audit_mod.plan_entries(names, cfg)
+    for run in sorted((experiment / "runs").iterdir()):
+        for factor in (2.0, 100.0):
+            for draw in range(2):
+                ctx = build_context(run, cfg, torch.device("cpu"))  # a fresh context: no draws of its run
+                sub, _ = audit_mod.transform_checked(
+                    ctx, "node", population_mod.population_generator(run.name, "node", factor, draw), factor, "alone")
+                for entry in entries:
+                    alone = audit_mod.measure_entry(sub, entry)
+                    row = ok[(ok["run_id"] == run.name) & (ok["measure"] == entry.key)
+                             & (ok["max_factor"] == factor) & (ok["draw"] == draw)]
+                    if len(row):  # (a run whose untransformed value failed has no copies computed)
+                        assert alone["status"] == "ok"
+                        assert float(row["transformed"].iloc[0]) == alone["values"][entry.key], (run.name, entry.key)
+
+
+def test_population_recomputes_an_untransformed_value_of_other_settings(experiment: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The untransformed value is read from measures.json only when it was computed with the audit's settings
+    (measurement context and model file too): a study whose Monte-Carlo measure got an `rtol` after it was
+    measured has its originals computed again, with the copies' settings, never compared across settings."""
+    import dataclasses
+    import shutil
+
+    from flatbench.measures.runner import measure_run
+    from flatbench.study import audit as audit_mod
+    from flatbench.study import population as population_mod
+
+    exp = tmp_path / "exp"
+    shutil.copytree(experiment, exp, ignore=shutil.ignore_patterns("audit*"))
+    cfg = audit_mod.measure_config(exp)
+    names = ["frobenius_norm", "adaptive_sharpness_avg"]
+    for run in (exp / "runs").iterdir():
+        measure_run(run, names, cfg, torch.device("cpu"))
+    _population(exp, tmp_path / "same", ",".join(names), draws=1)
+    same = pd.read_csv(tmp_path / "same" / "audit_population.csv")
+    assert set(same["original_source"]) == {"measures.json"}
+    other = dataclasses.replace(cfg, settings={"adaptive_sharpness_avg": {"rtol": 0.5, "min_samples": 2}})
+    monkeypatch.setattr(population_mod, "measure_config", lambda *_a, **_k: other)
+    _population(exp, tmp_path / "other", ",".join(names), draws=1)
+    rows = pd.read_csv(tmp_path / "other" / "audit_population.csv")
+    source = rows.groupby("measure")["original_source"].agg(set).to_dict()
+    assert source == {"frobenius_norm": {"measures.json"}, "adaptive_sharpness_avg": {"computed"}}
+    ctx_values = []
+    for run in sorted((exp / "runs").iterdir()):
+        ctx = population_mod.build_context(run, other, torch.device("cpu"))
+        entry = audit_mod.plan_entries(["adaptive_sharpness_avg"], other)[0]
+        ctx_values.append(audit_mod.measure_entry(ctx, entry)["values"]["adaptive_sharpness_avg"])
+    originals = rows[rows["measure"] == "adaptive_sharpness_avg"].drop_duplicates("run_id").sort_values("run_id")
+    assert list(originals["original"]) == ctx_values
+
+
 def test_population_missing_transformed_value_is_not_zero(experiment: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A measure that fails on every transformed copy: status no_transformed, τ and Δτ empty (not 0), n/a in

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize
+from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
 from matplotlib.figure import Figure
 from PIL import Image as PILImage
 
@@ -176,10 +177,31 @@ def grid_shape(n: int, max_cols: int = 4) -> tuple[int, int]:
     return math.ceil(max(n, 1) / cols), cols
 
 
-def ratio_colorbar(fig: Figure, axes: Any, fontsize: float, shrink: float = 1.0) -> None:
-    cbar = fig.colorbar(ScalarMappable(norm=RATIO_NORM, cmap=CMAP), ax=axes, shrink=shrink)
+def study_ratios(ratios: Any) -> list[float]:
+    """The distinct finite random-label ratios among `ratios` (one per run), sorted."""
+    values = np.asarray([] if ratios is None else ratios, dtype=float).ravel()
+    return sorted({float(v) for v in values[np.isfinite(values)]})
+
+
+def ratio_colorbar(fig: Figure, axes: Any, fontsize: float, shrink: float = 1.0, ratios: Any = None) -> Any:
+    """The ratio's colour key: one swatch per ratio the study has (`ratios`: each run's ratio), each in the
+    colour `RATIO_NORM` gives it (the same colour for the same ratio in every figure), labelled with the
+    ratio; a study with ratios 0 and 0.5 gets two swatches, not a bar from 0 to 1 that suggests values in
+    between. Without `ratios` (or without a finite one), the continuous bar over [0, 1]."""
+    levels = study_ratios(ratios)
+    if not levels:
+        cbar = fig.colorbar(ScalarMappable(norm=RATIO_NORM, cmap=CMAP), ax=axes, shrink=shrink)
+    else:
+        cmap = ListedColormap([colormaps[CMAP](RATIO_NORM(v)) for v in levels])
+        bounds = np.arange(len(levels) + 1, dtype=float)
+        mapper = ScalarMappable(norm=BoundaryNorm(bounds, len(levels)), cmap=cmap)
+        cbar = fig.colorbar(mapper, ax=axes, shrink=shrink * min(1.0, 0.25 + 0.15 * len(levels)),
+                            ticks=bounds[:-1] + 0.5, boundaries=bounds)
+        cbar.ax.set_yticklabels([f"{v:g}" for v in levels])
+        cbar.ax.minorticks_off()
     cbar.set_label("random-label ratio", fontsize=fontsize)
     cbar.ax.tick_params(labelsize=fontsize - 1)
+    return cbar
 
 
 def tau_text(row: Any, short: bool = False) -> str:

@@ -107,7 +107,7 @@ def axis_figure(frame: pd.DataFrame, axis: str, keys: list[str], gap: str, gap_c
     fig.supxlabel(f"{axis}: a point is a run; black bar: the mean of the n runs at that value (pooling every other "
                   "axis and seed)" + ("; colour: random-label ratio" if ratios is not None else ""), fontsize=7.5)
     if ratios is not None:
-        ratio_colorbar(fig, axes[:len(panels)], 7, shrink=0.6)
+        ratio_colorbar(fig, axes[:len(panels)], 7, shrink=0.6, ratios=ratios)
     return render_with_points(fig, groups, [str(p) for p in panels])
 
 

@@ -107,7 +107,7 @@ def measure_figure(frame: pd.DataFrame, key: str, gap: str, gap_col: str, labels
     if len(markers) > 1 and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, title="model", title_fontsize=7, loc="best", framealpha=0.8)
     if ratios_of(frame) is not None:
-        ratio_colorbar(fig, ax, 9)
+        ratio_colorbar(fig, ax, 9, ratios=ratios_of(frame))
     return png_bytes(fig)
 
 
@@ -121,7 +121,7 @@ def _shared_legend(fig: Any, frame: pd.DataFrame, markers: Mapping[str, str], ax
                    title="marker: " + (", ".join(f"model {f}" for f in fields) if fields else "model"),
                    title_fontsize=7, frameon=False)
     if ratios_of(frame) is not None:
-        ratio_colorbar(fig, axes, 7, shrink=0.5 if len(axes) > GRID_COLS else 0.9)
+        ratio_colorbar(fig, axes, 7, shrink=0.5 if len(axes) > GRID_COLS else 0.9, ratios=ratios_of(frame))
 
 
 def scatter_grid(frame: pd.DataFrame, keys: list[str], gap: str, gap_col: str, labels: pd.Series,

@@ -158,7 +158,7 @@ def draw_training_curves(histories: Any, ratios: Any = None, target_loss: float 
     axes[0].set_ylabel("accuracy" + (" (thick: mean per ratio)" if len(curves) >= 20 else ""), fontsize=8)
     axes[2].set_ylabel("cross-entropy (log)", fontsize=8)
     if np.isfinite(ratio_values).any():
-        ratio_colorbar(fig, list(axes), 8, shrink=0.85)
+        ratio_colorbar(fig, list(axes), 8, shrink=0.85, ratios=ratio_values)
     fig.suptitle(f"training curves of {len(curves)} run{'s' if len(curves) != 1 else ''}", fontsize=9)
     return fig
 

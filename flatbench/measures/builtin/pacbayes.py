@@ -85,6 +85,11 @@ def accuracy_drops(ctx: MeasureContext, sigma: float, generators: list[torch.Gen
     return torch.tensor(drops, dtype=torch.float64)
 
 
+def base_accuracy_drop(ctx: MeasureContext, base_accuracy: float, params: dict[str, Tensor]) -> float:
+    """acc(θ) − acc(params): one draw's accuracy drop (what `accuracy_drops` computes per draw)."""
+    return base_accuracy - accuracy(ctx, params)
+
+
 def _check_fit(ctx: MeasureContext, base: float, target: float, tol: float,
                reached: tuple[float, float] | None = None) -> None:
     """NotApplicable for a model that does not fit its data: training accuracy below the target drop, or
@@ -98,28 +103,54 @@ def _check_fit(ctx: MeasureContext, base: float, target: float, tol: float,
                             f"it by only {reached[1]:.4f} (train the model first)")
 
 
+def run_normals(ctx: MeasureContext, params: dict[str, Tensor], samples: int) -> list[dict[str, Tensor]] | None:
+    """The draws z_0 .. z_{samples−1} (`standard_normals` from the generators `sample0`, `sample1`, ...), or
+    None when they do not fit the memory budget. They depend on the run's seed, the measure and the
+    parameters' shapes only, so they are kept in `ctx.draws`, which every context of the run shares: a
+    rescaled copy of the model (the population audit's) reads the numbers it would draw alone."""
+    size = samples * sum(p.numel() * p.element_size() for p in params.values())
+    if size > ctx.max_memory_mb * 2 ** 20:
+        return None
+    shapes = tuple((name, tuple(p.shape), p.dtype, str(p.device)) for name, p in params.items())
+    out = []
+    for m in range(samples):
+        key = ("standard_normals", ctx.seed, ctx.measure_name, f"sample{m}", shapes)
+        if key not in ctx.draws:
+            ctx.draws[key] = standard_normals(params, ctx.generator(f"sample{m}"))
+        out.append(ctx.draws[key])
+    return out
+
+
 def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[float, dict[str, Any]]:
     s = ctx.settings
     target, tol = float(s["target_drop"]), float(s["tolerance"])
     samples, depth = int(s["samples"]), int(s["search_depth"])
+    rtol, min_samples = float(s.get("rtol", 0.0)), int(s.get("min_samples", 3))
     base = accuracy(ctx)
     evaluations: list[dict[str, float]] = []
     # Common random numbers: the same draws z_m (from generators with fixed seeds) at every σ. They are
     # drawn once and kept when they fit the memory budget (drawing them dominated the search's time on the
     # CPU); otherwise drawn again at each σ from fresh generators, which gives the same numbers.
     params = {name: p.detach() for name, p in ctx.model.named_parameters()}
-    size = samples * sum(p.numel() * p.element_size() for p in params.values())
-    normals = None
-    if size <= ctx.max_memory_mb * 2 ** 20:
-        normals = [standard_normals(params, ctx.generator(f"sample{m}")) for m in range(samples)]
+    normals = run_normals(ctx, params, samples)
 
     def drop_at(sigma: float) -> tuple[float, float]:
-        # generators only where the draws are made again (they are not used when `normals` is kept)
-        gens = [ctx.generator(f"sample{m}") for m in range(samples)] if normals is None else [None] * samples
-        d = accuracy_drops(ctx, sigma, gens, base, magnitude_eps, normals)
+        # draw m's accuracy drop, m = 0, 1, ...: all `samples` of them, or (rtol > 0) until the mean drop's
+        # standard error is at most rtol × |mean drop| (from min_samples draws on)
+        drops: list[float] = []
+        for m in range(samples):
+            z = normals[m] if normals is not None else standard_normals(params, ctx.generator(f"sample{m}"))
+            noise = scale_perturbation(params, sigma, z, magnitude_eps)
+            drops.append(base_accuracy_drop(ctx, base, {k: params[k] + noise[k] for k in params}))
+            if rtol > 0 and min_samples <= len(drops) < samples:
+                d = torch.tensor(drops, dtype=torch.float64)
+                if float(d.std(unbiased=True)) / math.sqrt(len(drops)) <= rtol * abs(float(d.mean())):
+                    break
+        d = torch.tensor(drops, dtype=torch.float64)
+        k = len(drops)
         mean = float(d.mean())
-        se = float(d.std(unbiased=True)) / math.sqrt(samples) if samples > 1 else float("nan")
-        evaluations.append({"sigma": sigma, "drop": mean, "stderr": se})
+        se = float(d.std(unbiased=True)) / math.sqrt(k) if k > 1 else float("nan")
+        evaluations.append({"sigma": sigma, "drop": mean, "stderr": se, **({"samples": k} if rtol > 0 else {})})
         return mean, se
 
     _check_fit(ctx, base, target, tol)
@@ -172,23 +203,33 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
             "bracket": [lo, hi], "iterations": len(evaluations), "bisection_steps": steps,
             "upper_expansions": expansions, "samples": samples, "stderr": value_se,
             "evaluations": evaluations}
+    if rtol > 0:
+        info.update(rtol=rtol, min_samples=min_samples, draws=sum(e["samples"] for e in evaluations),
+                    draws_fixed=samples * len(evaluations))
     if magnitude_eps is not None:
         info["magnitude_eps"] = magnitude_eps
     return sigma, info
 
 
 _DEFAULTS = {"target_drop": 0.1, "tolerance": 0.01, "samples": 10, "search_depth": 15, "sigma_max": 2.0,
-             "max_expansions": 10}
+             "max_expansions": 10, "rtol": 0.0, "min_samples": 3}
+_ADDED = ("rtol", "min_samples")
+"""Settings added after the committed results: their defaults (rtol 0) are the fixed-size search."""
 _HELP = {"target_drop": "the accuracy drop σ' is searched for (Jiang et al.: 0.1); in (0, 1)",
          "tolerance": "the search stops when the mean drop is within this of target_drop; > 0",
-         "samples": "noise draws per σ (the same draws at every σ); integer ≥ 1",
+         "samples": "noise draws per σ (the same draws at every σ; the most drawn when rtol > 0); integer ≥ 1",
+         "rtol": "at each σ, stop drawing once the mean drop's standard error is at most rtol × |mean drop| (from "
+                 "min_samples draws on; a draw is a forward pass over the measurement set); 0: always `samples` "
+                 "draws (Jiang et al.'s fixed 10, the default); ≥ 0",
+         "min_samples": "rtol > 0: the fewest draws at a σ before its standard error is trusted; integer ≥ 2",
          "search_depth": "bisection steps at most; integer ≥ 1",
          "sigma_max": "the upper end of the first bracket [0, sigma_max]; > 0",
          "max_expansions": "doublings of the upper end at most, while the drop there is below the target; "
                            "integer ≥ 0",
          "eps": "ε of the magnitude-aware noise N(0, σ²θ² + ε²); ≥ 0"}
 _RULES = {"target_drop": ("gt", 0), "tolerance": ("gt", 0), "samples": ("min", 1), "search_depth": ("min", 1),
-          "sigma_max": ("gt", 0), "max_expansions": ("min", 0), "eps": ("min", 0)}
+          "sigma_max": ("gt", 0), "max_expansions": ("min", 0), "eps": ("min", 0), "rtol": ("min", 0),
+          "min_samples": ("min", 2)}
 
 
 @register_measure(
@@ -197,7 +238,7 @@ _RULES = {"target_drop": ("gt", 0), "tolerance": ("gt", 0), "samples": ("min", 1
                 "(bisection)",
     invariant_to=(), cost="search", defaults=dict(_DEFAULTS), stochastic=True, precision="float32",
     fixed_loss="accuracy (the 0-1 loss)", settings_help={k: v for k, v in _HELP.items() if k in _DEFAULTS},
-    check=lambda s: setting_range("pacbayes_flatness", s, _RULES))
+    check=lambda s: setting_range("pacbayes_flatness", s, _RULES), added_settings=_ADDED)
 def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for isotropic Gaussian weight noise (all parameters perturbed, BatchNorm buffers fixed)."""
     sigma, info = sigma_search(ctx, None)
@@ -210,7 +251,7 @@ def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
                 "(bisection)",
     invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32",
     fixed_loss="accuracy (the 0-1 loss)", settings_help=_HELP,
-    check=lambda s: setting_range("pacbayes_mag_flatness", s, _RULES))
+    check=lambda s: setting_range("pacbayes_mag_flatness", s, _RULES), added_settings=_ADDED)
 def pacbayes_mag_flatness(ctx: MeasureContext) -> MeasureOutput:
     """1/σ'² for magnitude-aware noise of variance σ²θ_i² + ε² (all parameters, BatchNorm buffers fixed).
 

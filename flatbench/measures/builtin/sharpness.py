@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 from flatbench.measures.registry import setting_range
 
@@ -205,9 +206,14 @@ SEARCH_HELP = {
     "rho": "the radius ρ of the adaptive ball (worst case) or of the noise N(0, ρ² diag θ²) (average case); > 0",
     "batch_size": "examples per batch: each batch gets its own perturbation (m-sharpness with m = batch_size), the "
                   "batches are averaged; integer ≥ 1",
-    "samples": "Monte-Carlo noise draws per batch (the standard error is in info); integer ≥ 1"}
+    "samples": "Monte-Carlo noise draws per batch (the standard error is in info); the most drawn when rtol > 0; "
+               "integer ≥ 1",
+    "rtol": "stop drawing once the estimate's standard error is at most rtol × |estimate| (checked after each "
+            "round of one draw per batch, from min_samples rounds on; info says whether it was met); 0: always "
+            "`samples` draws (the fixed-size estimate, the default); ≥ 0",
+    "min_samples": "rtol > 0: the fewest draws per batch before the standard error is trusted; integer ≥ 2"}
 SEARCH_RULES = {"eps": ("gt", 0), "iters": ("min", 1), "rho": ("gt", 0), "batch_size": ("min", 1),
-                "samples": ("min", 1)}
+                "samples": ("min", 1), "rtol": ("min", 0), "min_samples": ("min", 2)}
 
 
 def _help(keys: tuple[str, ...]) -> dict[str, str]:
@@ -269,57 +275,96 @@ def adaptive_worst_case(ctx: MeasureContext, *, rho: float, norm: str, iters: in
     return total / ctx.n, info, deltas
 
 
-def average_case_logits(ctx: MeasureContext, *, rho: float, samples: int, batch_size: int
-                        ) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Per batch: (targets, logits at θ, logits at θ + δ_m for the `samples` draws δ_m ~ N(0, ρ² diag θ²)).
+class AverageCaseLogits:
+    """The logits the average case needs, per batch of the measurement set: at θ, and at θ + δ_m for the
+    draws δ_m = ρ |θ| ⊙ z_m, z_m ~ N(0, I) (so δ_m ~ N(0, ρ² diag θ²)), fresh noise for every batch:
+    batch b's draw m is draw b·samples + m of the measure's seeded generator (`shared.normal_draws`, in
+    float64 and rounded to the parameters' dtype, so a float32 computation sees the same random numbers).
+    The perturbed logits are computed on demand, in order, and kept: a Monte-Carlo estimate stopped at its
+    standard error computes only the draws it uses."""
 
-    The draws come from the measure's seeded generator (fresh noise per batch), so they do not depend on
-    the loss: they are computed once per model and kept in the context's cache, and the measure's entry for
-    a second loss (`@normalized_ce`) evaluates its loss on the same logits instead of drawing the same
-    numbers and running the same forward passes again.
-    """
-    key = ("average_case_logits", ctx.measure_name, float(rho), int(samples), int(batch_size))
+    def __init__(self, ctx: MeasureContext, rho: float, samples: int, batch_size: int):
+        self.model, self.rho, self.samples = ctx.model, float(rho), int(samples)
+        self.theta = param_dict(ctx.model)
+        self.flat = flatten(self.theta)
+        self.batches = _batches(ctx, batch_size)
+        self.draws = shared.normal_draws(ctx, "average_case", self.samples * len(self.batches),
+                                         int(self.flat.numel()), self.flat.dtype)
+        self._base: dict[int, Tensor] = {}
+        self._perturbed: list[list[Tensor]] = [[] for _ in self.batches]
 
-    def compute() -> list[tuple[Tensor, Tensor, Tensor]]:
-        theta = param_dict(ctx.model)
-        flat = flatten(theta)
-        gen = ctx.generator("average_case")
-        out = []
+    def base(self, b: int) -> Tensor:
+        if b not in self._base:
+            with torch.no_grad():
+                self._base[b] = functional_call(self.model, self.theta, (self.batches[b][0],))
+        return self._base[b]
+
+    def perturbed(self, b: int, m: int) -> Tensor:
+        """The logits of batch b at θ + δ_m (m < samples)."""
+        done = self._perturbed[b]
         with torch.no_grad():
-            for x, y in _batches(ctx, batch_size):
-                base = functional_call(ctx.model, theta, (x,))
-                perturbed = []
-                for _ in range(samples):
-                    # drawn in float64 and rounded: a float32 computation sees the same random numbers
-                    noise = torch.randn(flat.shape, generator=gen, device=gen.device, dtype=torch.float64)
-                    delta = rho * flat.abs() * noise.to(device=flat.device, dtype=flat.dtype)
-                    perturbed.append(functional_call(ctx.model, unflatten(flat + delta, theta), (x,)))
-                out.append((y, base, torch.stack(perturbed)))
-        return out
-
-    return ctx.cached(key, compute)
+            while len(done) <= m:
+                noise = self.draws[b * self.samples + len(done)]
+                delta = self.rho * self.flat.abs() * noise
+                done.append(functional_call(self.model, unflatten(self.flat + delta, self.theta),
+                                            (self.batches[b][0],)))
+        return done[m]
 
 
-def adaptive_average_case(ctx: MeasureContext, *, rho: float, samples: int, batch_size: int
-                          ) -> tuple[float, dict[str, Any]]:
+def average_case_logits(ctx: MeasureContext, *, rho: float, samples: int, batch_size: int) -> AverageCaseLogits:
+    """The `AverageCaseLogits` of the context's model, kept in its cache: the draws do not depend on the loss,
+    so the measure's entry for a second loss (`@normalized_ce`) evaluates its loss on the same logits instead
+    of running the same forward passes again. The draws themselves are the run's (`ctx.draws`): a rescaled
+    copy of the model perturbs its parameters by the same z_m without drawing them again."""
+    key = ("average_case_logits", ctx.measure_name, float(rho), int(samples), int(batch_size))
+    return ctx.cached(key, lambda: AverageCaseLogits(ctx, rho, samples, batch_size))
+
+
+def _mc_estimate(diffs: list[list[float]], weights: list[float], m: int) -> tuple[float, float]:
+    """The size-weighted mean over batches of the per-batch sample means of `m` draws, and its standard
+    error (NaN from one draw)."""
+    total, variance = 0.0, 0.0
+    for d_list, weight in zip(diffs, weights):
+        d = torch.tensor(d_list[:m], dtype=torch.float64)
+        total += weight * float(d.mean())
+        if m > 1:
+            variance += weight ** 2 * float(d.var(unbiased=True)) / m
+    return total, math.sqrt(variance) if m > 1 else float("nan")
+
+
+def adaptive_average_case(ctx: MeasureContext, *, rho: float, samples: int, batch_size: int, rtol: float = 0.0,
+                          min_samples: int = 2) -> tuple[float, dict[str, Any]]:
     """E_{δ ~ N(0, ρ² diag θ²)} [L_B(θ+δ)] − L_B(θ), averaged over batches (fresh noise per batch).
 
     Monte-Carlo with `samples` draws per batch from `ctx.generator()` (`average_case_logits`, shared by the
-    losses); the standard error is that of the size-weighted mean of the per-batch sample means.
+    losses); the standard error is that of the size-weighted mean of the per-batch sample means. With
+    `rtol` > 0 the draws are taken one round at a time (draw m of every batch) and sampling stops after the
+    first round m ≥ `min_samples` at which the standard error is at most `rtol` × |estimate| (at most
+    `samples` rounds); the rounds used, the tolerance and whether it was met are in info. `rtol` = 0 (the
+    default) takes all `samples` draws: the fixed-size estimate.
     """
-    total, variance = 0.0, 0.0
-    batches = average_case_logits(ctx, rho=rho, samples=samples, batch_size=batch_size)
+    logits = average_case_logits(ctx, rho=rho, samples=samples, batch_size=batch_size)
+    weights = [int(y.shape[0]) / ctx.n for _, y in logits.batches]
+    diffs: list[list[float]] = [[] for _ in logits.batches]
     with torch.no_grad():
-        for y, base_logits, perturbed in batches:
-            base = float(ctx.loss(base_logits, y))
-            d = torch.tensor([float(ctx.loss(out, y)) - base for out in perturbed], dtype=torch.float64)
-            weight = int(y.shape[0]) / ctx.n
-            total += weight * float(d.mean())
-            if samples > 1:
-                variance += weight ** 2 * float(d.var(unbiased=True)) / samples
-    stderr = math.sqrt(variance) if samples > 1 else float("nan")
-    return total, {"method": "monte_carlo", "rho": rho, "samples": samples * len(batches),
-                   "samples_per_batch": samples, "batch_size": int(batch_size), "stderr": stderr}
+        bases = [float(ctx.loss(logits.base(b), y)) for b, (_, y) in enumerate(logits.batches)]
+        m = 0
+        while m < samples:
+            for b, (_, y) in enumerate(logits.batches):
+                diffs[b].append(float(ctx.loss(logits.perturbed(b, m), y)) - bases[b])
+            m += 1
+            if rtol > 0 and min_samples <= m < samples:
+                value, se = _mc_estimate(diffs, weights, m)
+                if se <= rtol * abs(value):
+                    break
+    total, stderr = _mc_estimate(diffs, weights, m)
+    info: dict[str, Any] = {"method": "monte_carlo", "rho": rho, "samples": m * len(logits.batches),
+                            "samples_per_batch": m, "batch_size": int(batch_size), "stderr": stderr}
+    if rtol > 0:
+        met = bool(stderr <= rtol * abs(total)) if m > 1 else False
+        info.update(rtol=rtol, min_samples=int(min_samples), max_samples_per_batch=int(samples),
+                    rel_stderr=stderr / abs(total) if total else float("inf"), met_rtol=met)
+    return total, info
 
 
 def _register_adaptive_worst_case(norm: str, symbol: str, rho: float) -> None:
@@ -355,14 +400,18 @@ _register_adaptive_worst_case("linf", "ℓ∞", 0.002)
     description="average-case adaptive sharpness E_{δ~N(0, ρ² diag θ²)} L_B(θ+δ) − L_B(θ), Monte-Carlo "
                 "per batch",
     invariant_to=("layer", "node", "bn"), cost="gradient",
-    defaults={"rho": 0.1, "samples": 20, "batch_size": 128}, uses_loss=True, stochastic=True,
-    precision="float32", settings_help=_help(("rho", "samples", "batch_size")),
-    check=lambda s: setting_range("adaptive_sharpness_avg", s, SEARCH_RULES))
+    defaults={"rho": 0.1, "samples": 20, "batch_size": 128, "rtol": 0.0, "min_samples": 5}, uses_loss=True,
+    stochastic=True, precision="float32",
+    settings_help=_help(("rho", "samples", "batch_size", "rtol", "min_samples")),
+    check=lambda s: setting_range("adaptive_sharpness_avg", s, SEARCH_RULES), added_settings=("rtol", "min_samples"))
 def adaptive_sharpness_avg(ctx: MeasureContext) -> MeasureOutput:
     """Average-case adaptive sharpness (Andriushchenko et al. 2023: ρ from their ResNet grid, 20 draws
     per batch of 128). All parameters are perturbed, BatchNorm buffers are fixed. Noise comes from the
-    run's seeded generator, so a re-run gives the same value; `info.stderr` is its Monte-Carlo error."""
+    run's seeded generator, so a re-run gives the same value; `info.stderr` is its Monte-Carlo error.
+    `rtol` > 0 stops drawing at that relative standard error (`samples` draws at most)."""
     value, info = adaptive_average_case(ctx, rho=float(ctx.settings["rho"]),
                                         samples=int(ctx.settings["samples"]),
-                                        batch_size=int(ctx.settings["batch_size"]))
+                                        batch_size=int(ctx.settings["batch_size"]),
+                                        rtol=float(ctx.settings.get("rtol", 0.0)),
+                                        min_samples=int(ctx.settings.get("min_samples", 5)))
     return MeasureOutput({"adaptive_sharpness_avg": value}, info)
