@@ -19,6 +19,14 @@ whose accuracy never drops by the target raises an error that says so
 instead of returning a meaningless σ; a model that does not fit its data (training accuracy below the target
 drop, or within it of chance) is not applicable, with the reason. If the tolerance is not met within the depth, σ' is the largest σ
 whose drop was at most the target (the lower end of the final bracket) and `info.met_target` is False.
+
+The draws z_m depend on the run's seed and the parameters' shapes only, so they are kept in the context's
+`draws`, shared by every context of the run (the audit's rescaled copies read them instead of drawing
+them again). Optionally (`rtol` > 0; default 0, the fixed 10 draws) the draws at each σ stop once the mean
+drop's standard error is at most rtol × |mean drop|, from `min_samples` draws on: far from the target
+(drops near 0 or near 0.9) a few draws settle the bisection's comparison, near it all `samples` are used;
+each evaluation then records its draws, and info the total (`draws`) against the fixed-size search's
+(`draws_fixed`).
 """
 
 from __future__ import annotations
@@ -85,11 +93,6 @@ def accuracy_drops(ctx: MeasureContext, sigma: float, generators: list[torch.Gen
     return torch.tensor(drops, dtype=torch.float64)
 
 
-def base_accuracy_drop(ctx: MeasureContext, base_accuracy: float, params: dict[str, Tensor]) -> float:
-    """acc(θ) − acc(params): one draw's accuracy drop (what `accuracy_drops` computes per draw)."""
-    return base_accuracy - accuracy(ctx, params)
-
-
 def _check_fit(ctx: MeasureContext, base: float, target: float, tol: float,
                reached: tuple[float, float] | None = None) -> None:
     """NotApplicable for a model that does not fit its data: training accuracy below the target drop, or
@@ -141,7 +144,7 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
         for m in range(samples):
             z = normals[m] if normals is not None else standard_normals(params, ctx.generator(f"sample{m}"))
             noise = scale_perturbation(params, sigma, z, magnitude_eps)
-            drops.append(base_accuracy_drop(ctx, base, {k: params[k] + noise[k] for k in params}))
+            drops.append(base - accuracy(ctx, {k: params[k] + noise[k] for k in params}))
             if rtol > 0 and min_samples <= len(drops) < samples:
                 d = torch.tensor(drops, dtype=torch.float64)
                 if float(d.std(unbiased=True)) / math.sqrt(len(drops)) <= rtol * abs(float(d.mean())):
