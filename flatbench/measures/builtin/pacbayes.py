@@ -124,6 +124,26 @@ def run_normals(ctx: MeasureContext, params: dict[str, Tensor], samples: int) ->
     return out
 
 
+def _search_info(sigma: float, bracket: tuple[float, float], drops: tuple[float, float], drop: float,
+                 drop_se: float, base: float, met: bool, steps: int, expansions: int,
+                 evaluations: list[dict[str, float]], s: dict[str, Any]) -> dict[str, Any]:
+    """What the σ search reports, with the delta-method standard error of 1/σ'² from the drop's Monte-Carlo
+    error and the bracket's slope."""
+    (lo, hi), (d_lo, d_hi) = bracket, drops
+    slope = (d_hi - d_lo) / (hi - lo) if hi > lo else float("nan")
+    sigma_se = drop_se / slope if slope and slope > 0 else float("inf")
+    rtol, samples = float(s.get("rtol", 0.0)), int(s["samples"])
+    info = {"method": "bisection", "sigma": sigma, "accuracy": base, "accuracy_drop": drop,
+            "accuracy_drop_stderr": drop_se, "target_drop": float(s["target_drop"]),
+            "tolerance": float(s["tolerance"]), "met_target": met, "bracket": [lo, hi],
+            "iterations": len(evaluations), "bisection_steps": steps, "upper_expansions": expansions,
+            "samples": samples, "stderr": 2.0 * sigma_se / sigma ** 3, "evaluations": evaluations}
+    if rtol > 0:
+        info.update(rtol=rtol, min_samples=int(s.get("min_samples", 3)),
+                    draws=sum(e["samples"] for e in evaluations), draws_fixed=samples * len(evaluations))
+    return info
+
+
 def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[float, dict[str, Any]]:
     s = ctx.settings
     target, tol = float(s["target_drop"]), float(s["tolerance"])
@@ -197,18 +217,8 @@ def sigma_search(ctx: MeasureContext, magnitude_eps: float | None) -> tuple[floa
             raise SearchFailed(f"{ctx.measure_name}: no σ > 0 with accuracy drop ≤ {target} found down to "
                                f"σ = {hi:g} after {steps} bisection steps (not bracketed from below)")
         sigma, drop, drop_se = lo, d_lo, se_lo
-    # Delta-method standard error of 1/σ'² from the drop's Monte-Carlo error and the bracket's slope.
-    slope = (d_hi - d_lo) / (hi - lo) if hi > lo else float("nan")
-    sigma_se = drop_se / slope if slope and slope > 0 else float("inf")
-    value_se = 2.0 * sigma_se / sigma ** 3
-    info = {"method": "bisection", "sigma": sigma, "accuracy": base, "accuracy_drop": drop,
-            "accuracy_drop_stderr": drop_se, "target_drop": target, "tolerance": tol, "met_target": met,
-            "bracket": [lo, hi], "iterations": len(evaluations), "bisection_steps": steps,
-            "upper_expansions": expansions, "samples": samples, "stderr": value_se,
-            "evaluations": evaluations}
-    if rtol > 0:
-        info.update(rtol=rtol, min_samples=min_samples, draws=sum(e["samples"] for e in evaluations),
-                    draws_fixed=samples * len(evaluations))
+    info = _search_info(sigma, (lo, hi), (d_lo, d_hi), drop, drop_se, base, met, steps, expansions, evaluations,
+                        s)
     if magnitude_eps is not None:
         info["magnitude_eps"] = magnitude_eps
     return sigma, info
