@@ -159,6 +159,34 @@ def test_report_in_a_browser(browser_factory, pages):
     assert 0 < len(_column(driver, "verdict", 0)) < total or len(options) == 2
 
 
+def test_the_verdict_tables_audit_cells_are_one_line(browser_factory, tmp_path):
+    """The audit column's cells ("layer: breaks 0.2; node: breaks 0.2") are laid out on one line at 1440 px,
+    the width of the committed reports' first screen: the text of each cell has one line box."""
+    import pandas as pd
+    from selenium.webdriver.common.by import By
+
+    from flatbench.analysis.report import write_report
+    from test_report import _audit_csv
+
+    exp = write_experiment(tmp_path, "audited")
+    for folder, family in (("audit_draws", "node"), ("audit_layer", "layer")):
+        (exp / folder).mkdir()
+        _audit_csv(exp / folder / "audit_correlations.csv")
+        frame = pd.read_csv(exp / folder / "audit_correlations.csv")
+        frame.assign(family=family).to_csv(exp / folder / "audit_correlations.csv", index=False)
+    write_report([exp], exp, n_boot=50, echo=lambda _: None)
+    driver = browser_factory()
+    driver.set_window_size(1440, 900)
+    _open(driver, exp / "report.html")
+    lines = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#verdict tbody td.nowrap')).map(td => {"
+        "  const r = document.createRange(); r.selectNodeContents(td);"
+        "  const tops = new Set(Array.from(r.getClientRects()).map(b => Math.round(b.top)));"
+        "  return [td.textContent, tops.size, getComputedStyle(td).whiteSpace]; });")
+    assert any("layer: breaks 0.2; node: breaks 0.2" == text for text, _, _ in lines)
+    assert lines and all(n == 1 and ws == "nowrap" for _, n, ws in lines), lines
+
+
 def _isolated_point(points: list[list[float]]) -> list[float]:
     """A point whose nearest neighbour is more than 12 px away (so the hover can only mean it)."""
     for p in points:
