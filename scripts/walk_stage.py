@@ -2,6 +2,8 @@
 
     python scripts/walk_stage.py measure      # the measure stage of a tiny trained study
     python scripts/walk_stage.py train
+    python scripts/walk_stage.py audit        # the population audit of the measured study
+    python scripts/walk_stage.py report
 
 Every call into flatbench code whose frame holds the study object or one of its sections (as an argument or
 a local) is a visit to that function's file. A *stay* is a run of consecutive visits to one file; a *return* is a stay in a
@@ -50,6 +52,30 @@ def walk(call, study) -> list[str]:
     return rooms
 
 
+def walk_by_type(call) -> list[str]:
+    """The rooms of the calls, made while `call()` runs, whose frame holds any Study, MeasureConfig or
+    ReportConfig (the audit and report stages read their own from the experiment folder)."""
+    from flatbench.config import MeasureConfig, ReportConfig, Study
+
+    package = str(ROOT / "flatbench")
+    kinds = (Study, MeasureConfig, ReportConfig)
+    rooms: list[str] = []
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        path = frame.f_code.co_filename
+        if path.startswith(package) and any(isinstance(v, kinds) for v in frame.f_locals.values()):
+            rooms.append(str(Path(path).relative_to(package)))
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return rooms
+
+
 def summarize(rooms: list[str]) -> dict:
     """Stays, returns and climbs of a sequence of visits."""
     stays = [r for i, r in enumerate(rooms) if i == 0 or rooms[i - 1] != r]
@@ -62,13 +88,13 @@ def summarize(rooms: list[str]) -> dict:
             "entered": counts}
 
 
-def tiny_study(where: Path, measures: list[str]):
-    """A 2-run study of the packaged MNIST subset, trained (2 epochs)."""
+def tiny_study(where: Path, measures: list[str], ratios: str = "0.0, 1.0"):
+    """A study of the packaged MNIST subset, one run per random-label ratio (2 epochs)."""
     from flatbench.config import load_study
     from flatbench.study.train import train_study
 
     config = where / "tiny.yaml"
-    config.write_text("name: tiny\ndata: {dataset: mnist_mini, n_train: 200, random_label_ratio: [0.0, 1.0]}\n"
+    config.write_text("name: tiny\ndata: {dataset: mnist_mini, n_train: 200, random_label_ratio: [" + ratios + "]}\n"
                       "model: {name: mlp, widths: [16]}\ntrain: {epochs: 2, batch_size: 50}\n"
                       f"measure: {{measures: [{', '.join(measures)}], n_examples: 100}}\n")
     study = load_study(config, out=str(where))
@@ -82,9 +108,22 @@ def main() -> None:
 
     stage = sys.argv[1] if len(sys.argv) > 1 else "measure"
     with tempfile.TemporaryDirectory() as tmp:
-        study, train = tiny_study(Path(tmp), ["frobenius_norm", "hessian_trace", "path_norm"])
+        ratios = "0.0, 0.25, 0.5, 1.0" if stage in ("audit", "report") else "0.0, 1.0"  # both need ≥ 3 runs
+        study, train = tiny_study(Path(tmp), ["frobenius_norm", "hessian_trace", "path_norm"], ratios)
         if stage == "train":
             result = summarize(walk(train, study))
+        elif stage in ("audit", "report"):
+            from flatbench.study.population import audit_population
+            from flatbench.study.report import report_study
+
+            train()
+            measure_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None)
+            if stage == "audit":
+                call = lambda: audit_population(study.exp_dir, measures=["frobenius_norm", "path_norm"],  # noqa: E731
+                                                draws=1, echo=lambda *a: None)
+            else:
+                call = lambda: report_study([study.exp_dir], quiet=True, echo=lambda *a: None, min_train_acc=0.0)  # noqa: E731
+            result = summarize(walk_by_type(call))
         else:
             train()
             result = summarize(walk(lambda: measure_study(study, torch.device("cpu"), quiet=True,

@@ -24,7 +24,7 @@ pieces here (the measure config of a study, the entries to compute, the checked 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,8 @@ from flatbench.curvature import hvp_mode_of, use_hvp_mode
 from flatbench.errors import Echo, FlatbenchError
 from flatbench.measures.keys import entry_keys, parse_key
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
-from flatbench.measures.runner import build_context, check_settings, compute_entry, context_in, entry_dtype
+from flatbench.measures.runner import (build_context, check_settings, compute_entry, context_in, entry_dtype,
+                                      measurement_context)
 from flatbench.rescale import FAMILIES, applicable_families, function_change, transform
 from flatbench.seeding import make_generator
 from flatbench.store import (STUDY_FILE, atomic_write_bytes, atomic_write_text, is_finished, list_run_dirs,
@@ -95,6 +96,9 @@ class Entry:
     settings: dict
     dtype: str = "float64"
     """The dtype it is computed in (`measures.runner.entry_dtype` of the study's `measure.dtype`)."""
+    context: dict | None = field(default=None, compare=False)
+    """Its measurement context as the measure stage records it (`measures.runner.measurement_context`),
+    planned once: what decides whether a stored value is the one the audit computes."""
 
 
 def plan_entries(names: list[str] | None, cfg: Any) -> list[Entry]:
@@ -106,7 +110,9 @@ def plan_entries(names: list[str] | None, cfg: Any) -> list[Entry]:
         spec = get_measure(name)
         settings = spec.settings(cfg.settings)
         dtype = entry_dtype(cfg.dtype, spec)
-        entries += [Entry(key, name, loss, settings, dtype) for loss, key in entry_keys(name, spec, cfg.losses)]
+        context = measurement_context(cfg, spec)
+        entries += [Entry(key, name, loss, settings, dtype, context)
+                    for loss, key in entry_keys(name, spec, cfg.losses)]
     return entries
 
 

@@ -63,7 +63,7 @@ from flatbench.store import (MEASURES_JSON, RUN_JSON, atomic_write_bytes, atomic
                              is_finished, read_json)
 from flatbench.analysis.audit_plots import audit_correlations_figure
 from flatbench.measures.registry import all_measures, get_measure, load_plugins
-from flatbench.measures.runner import build_context, measurement_context, up_to_date
+from flatbench.measures.runner import build_context, up_to_date
 from flatbench.rescale import applicable_families
 from flatbench.seeding import make_generator
 from flatbench.study.workers import run_jobs
@@ -400,12 +400,12 @@ def _write_outputs(out: Path, per_run: pd.DataFrame, entries: list[Entry], fam: 
     return corr
 
 
-def _stored_applies(record: dict[str, Any], entry: Entry, cfg: Any, info: dict[str, Any]) -> bool:
+def _stored_applies(record: dict[str, Any], entry: Entry, info: dict[str, Any]) -> bool:
     """Whether a measures.json entry is the untransformed value of `entry` as the audit computes it: the same
     settings (e.g. a Monte-Carlo `rtol` set in the study after it was measured is not), measurement context
     and model file (`measures.runner.up_to_date`, the measure stage's own test); else it is computed again."""
     spec = get_measure(entry.name)
-    return up_to_date(record, spec, entry.settings, measurement_context(cfg, spec), info.get("model_sha256"))
+    return up_to_date(record, spec, entry.settings, entry.context, info.get("model_sha256"))
 
 
 def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list[Entry], fam: str,
@@ -428,7 +428,7 @@ def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list
     for entry in entries:
         original = stored.get(entry.key)
         if isinstance(original, dict) and original.get("status") == "ok" \
-                and entry.key in original.get("values", {}) and _stored_applies(original, entry, cfg, info):
+                and entry.key in original.get("values", {}) and _stored_applies(original, entry, info):
             originals[entry.key] = (original, "measures.json")
         else:
             originals[entry.key] = (measure_entry(ctx, entry), "computed")
