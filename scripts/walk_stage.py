@@ -30,18 +30,17 @@ def floor(room: str) -> int:
     return FLOORS.get(room.split("/")[0].removesuffix(".py"), 0)
 
 
-def walk(call, study) -> list[str]:
-    """The rooms (files relative to flatbench/) of the calls, made while `call()` runs, whose frame holds
-    `study` or one of its sections (`study.measure`, `study.report`: what the stage passes on)."""
+def _rooms(call, followed) -> list[str]:
+    """The rooms (files relative to flatbench/) of the calls, made while `call()` runs, whose frame holds a
+    value `followed(value)` is true of."""
     package = str(ROOT / "flatbench")
     rooms: list[str] = []
-    followed = [study, study.measure, study.report]
 
     def profile(frame, event, arg):
         if event != "call":
             return
         path = frame.f_code.co_filename
-        if path.startswith(package) and any(v is f for v in frame.f_locals.values() for f in followed):
+        if path.startswith(package) and any(followed(v) for v in frame.f_locals.values()):
             rooms.append(str(Path(path).relative_to(package)))
 
     sys.setprofile(profile)
@@ -50,6 +49,13 @@ def walk(call, study) -> list[str]:
     finally:
         sys.setprofile(None)
     return rooms
+
+
+def walk(call, study) -> list[str]:
+    """The rooms of the calls, made while `call()` runs, whose frame holds `study` or one of its sections
+    (`study.measure`, `study.report`: what the stage passes on)."""
+    sections = (study, study.measure, study.report)
+    return _rooms(call, lambda v: any(v is s for s in sections))
 
 
 def walk_by_type(call) -> list[str]:
@@ -57,23 +63,7 @@ def walk_by_type(call) -> list[str]:
     ReportConfig (the audit and report stages read their own from the experiment folder)."""
     from flatbench.config import MeasureConfig, ReportConfig, Study
 
-    package = str(ROOT / "flatbench")
-    kinds = (Study, MeasureConfig, ReportConfig)
-    rooms: list[str] = []
-
-    def profile(frame, event, arg):
-        if event != "call":
-            return
-        path = frame.f_code.co_filename
-        if path.startswith(package) and any(isinstance(v, kinds) for v in frame.f_locals.values()):
-            rooms.append(str(Path(path).relative_to(package)))
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return rooms
+    return _rooms(call, lambda v: isinstance(v, (Study, MeasureConfig, ReportConfig)))
 
 
 def summarize(rooms: list[str]) -> dict:
