@@ -152,11 +152,12 @@ def hutchpp_trace(matvec: Callable[[Tensor], Tensor], size: int, *, generator: t
     hvps, probes_total, sizes = 2 * m, 0, [m]
     bounds = torch.tensor([0] + blocks, device=device).cumsum(0).tolist()
 
-    def fresh_round() -> tuple[list[float], Welford, list[Welford], list[Tensor], int]:
+    def fresh_round() -> tuple[list[float], float, Welford, list[Welford], list[Tensor], int]:
         det_blocks = [float(sk.det[a:b].sum()) for a, b in zip(bounds[:-1], bounds[1:])]
-        return det_blocks, Welford(), [Welford() for _ in blocks], [], max(sk.q.shape[1], min_probes, 4)
+        return (det_blocks, sum(det_blocks), Welford(), [Welford() for _ in blocks], [],
+                max(sk.q.shape[1], min_probes, 4))
 
-    det_blocks, total, per_block, kept, check_at = fresh_round()
+    det_blocks, exact, total, per_block, kept, check_at = fresh_round()
     exhausted = sk.q.shape[1] >= size
     while not exhausted and hvps < max_hvps:
         q = sk.q
@@ -171,7 +172,6 @@ def hutchpp_trace(matvec: Callable[[Tensor], Tensor], size: int, *, generator: t
             acc.add(float(sample[a:b].sum()))
         if len(kept) < cap - q.shape[1]:
             kept.append(y)
-        exact = sum(det_blocks)
         if total.count >= max(2, min_probes) and total.stderr() <= rtol * abs(exact + total.mean):
             break
         if total.count == check_at:
@@ -182,7 +182,7 @@ def hutchpp_trace(matvec: Callable[[Tensor], Tensor], size: int, *, generator: t
                 sk.extend(qn, _apply(matvec, qn))
                 hvps += qn.shape[1]
                 sizes.append(int(sk.q.shape[1]))
-                det_blocks, total, per_block, kept, check_at = fresh_round()
+                det_blocks, exact, total, per_block, kept, check_at = fresh_round()
                 exhausted = sk.q.shape[1] >= size
     trace = sum(det_blocks) + (total.mean if total.count else 0.0)
     stderr = 0.0 if exhausted else (float(total.stderr()) if total.count >= 2 else float("nan"))

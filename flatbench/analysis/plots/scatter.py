@@ -106,8 +106,9 @@ def measure_figure(frame: pd.DataFrame, key: str, gap: str, gap_col: str, labels
     ax.set_ylabel(ylabel, fontsize=9)
     if len(markers) > 1 and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, title="model", title_fontsize=7, loc="best", framealpha=0.8)
-    if ratios_of(frame) is not None:
-        ratio_colorbar(fig, ax, 9, ratios=ratios_of(frame))
+    ratios = ratios_of(frame)
+    if ratios is not None:
+        ratio_colorbar(fig, ax, 9, ratios=ratios)
     return png_bytes(fig)
 
 
@@ -120,8 +121,9 @@ def _shared_legend(fig: Any, frame: pd.DataFrame, markers: Mapping[str, str], ax
         fig.legend(handles=handles, loc="outside upper center", ncols=min(len(markers), 6), fontsize=7,
                    title="marker: " + (", ".join(f"model {f}" for f in fields) if fields else "model"),
                    title_fontsize=7, frameon=False)
-    if ratios_of(frame) is not None:
-        ratio_colorbar(fig, axes, 7, shrink=0.5 if len(axes) > GRID_COLS else 0.9, ratios=ratios_of(frame))
+    ratios = ratios_of(frame)
+    if ratios is not None:
+        ratio_colorbar(fig, axes, 7, shrink=0.5 if len(axes) > GRID_COLS else 0.9, ratios=ratios)
 
 
 def scatter_grid(frame: pd.DataFrame, keys: list[str], gap: str, gap_col: str, labels: pd.Series,
