@@ -34,6 +34,7 @@ from flatbench.errors import FlatbenchError
 from flatbench.losses import BUILTIN_LOSSES, get_loss
 from flatbench.measures.arguments import check_options, copy_model, trial_forward
 from flatbench.measures.context import MeasureContext
+from flatbench.measures.in_place import InPlace, measurable_in_place
 from flatbench.measures.isolation import ModelGuard
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
@@ -100,13 +101,16 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     """Compute `measures` (names, `all`, or a comma list) on `model` with `data` and return a DataFrame.
 
     `loss`: ce | normalized_ce | mse | `file.py:function` | a function (logits, targets) -> per-example
-    losses, for the loss-based measures. `n_examples`: use the first n of `data`. The model is copied
-    (yours is left as it is), moved to `device` and `dtype` and put in eval mode. `settings`: per-measure
+    losses, for the loss-based measures. `n_examples`: use the first n of `data`. The model is measured in
+    `dtype` on `device`, in eval mode with every parameter trainable. `settings`: per-measure
     settings as in `measure.settings`. `plugins`: measure plugin files or modules to load first. `seed`
     seeds every measure's random draws. `hvp_mode`: auto | rev_fwd | fwd_rev | double_backward.
     `timeout_s`: seconds one measure may take (None: no limit; the limit needs the main thread).
-    Your model is measured in eval mode with every parameter trainable (a copy of it is), and is left in the
-    mode, with the `requires_grad` flags and the tensors it came with (`_CallerState`).
+    Your model is left in the mode, with the `requires_grad` flags, the gradients and the tensors it came
+    with: when only flatbench's code runs (built-in measures and loss) and it already is in `dtype` on
+    `device`, it is measured in place and put back (`in_place.InPlace`; each measure runs under
+    `isolation.guarded_call`); otherwise a copy of it is measured (`arguments.copy_model`) and your model is
+    guarded against a plugin or loss that holds a reference to it (`_CallerState`).
     """
     if not isinstance(model, nn.Module):
         raise FlatbenchError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -119,19 +123,20 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
         raise FlatbenchError("no measures given")
     state = None if _only_flatbench_code(names, loss) else _CallerState(model)
     try:
-        return _measure_copy(model, data, names, loss=loss, n_examples=n_examples, device=device, dtype=dtype,
-                             settings=settings, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size,
-                             max_memory_mb=max_memory_mb, timeout_s=timeout_s)
+        return _measure(model, data, names, in_place_allowed=state is None, loss=loss, n_examples=n_examples,
+                        device=device, dtype=dtype, settings=settings, seed=seed, hvp_mode=hvp_mode,
+                        chunk_size=chunk_size, max_memory_mb=max_memory_mb, timeout_s=timeout_s)
     finally:
         if state is not None:
             state.restore(model)
 
 
 def _only_flatbench_code(names: list[str], loss: Any) -> bool:
-    """Whether only flatbench's own code sees the model: built-in measures and a built-in loss. They are given
-    the copy and nothing else, so the caller's model cannot change and `_CallerState`'s copy of it (a clone of
-    every tensor, a fourth of the API's overhead on a small model) is skipped; a plugin measure or a loss of
-    the caller's, which may hold a reference to the caller's model, gets it."""
+    """Whether only flatbench's own code sees the model: built-in measures and a built-in loss. Each measure
+    runs under `isolation.guarded_call`, which puts back any tensor, mode or flag a measure changed, so the
+    caller's model needs no guard of its own (`_CallerState`: a clone of every tensor) and can even be measured
+    in place (`_InPlace`); a plugin measure or a loss of the caller's, which may hold a reference to the
+    caller's model and change it outside that guard, gets the copy and the guard."""
     return isinstance(loss, str) and loss in BUILTIN_LOSSES and all(get_measure(n).origin == "builtin" for n in names)
 
 
@@ -148,11 +153,11 @@ class _CallerState:
             self.guard.restore(model)
 
 
-def _measure_copy(model: nn.Module, data: Any, names: list[str], *, loss: Any, n_examples: int | None, device: Any,
-                  dtype: torch.dtype, settings: dict | None, seed: int, hvp_mode: str, chunk_size: int,
-                  max_memory_mb: int, timeout_s: float | None) -> dict[str, dict[str, Any]]:
-    """`measure_records` of the measures `names` on a copy of the caller's model, in eval mode with every
-    parameter trainable."""
+def _measure(model: nn.Module, data: Any, names: list[str], *, in_place_allowed: bool, loss: Any,
+             n_examples: int | None, device: Any, dtype: torch.dtype, settings: dict | None, seed: int, hvp_mode: str,
+             chunk_size: int, max_memory_mb: int, timeout_s: float | None) -> dict[str, dict[str, Any]]:
+    """`measure_records` of the measures `names`, the arguments checked first: on the caller's model itself
+    where `in_place.measurable_in_place` allows it, else on a copy."""
     if not isinstance(settings or {}, dict):
         raise FlatbenchError(f"settings must be a dict of measure -> {{setting: value}}, got {settings!r:.60}")
     settings = {k: dict(v) if isinstance(v, dict) else v for k, v in (settings or {}).items()}
@@ -163,7 +168,20 @@ def _measure_copy(model: nn.Module, data: Any, names: list[str], *, loss: Any, n
     x, y = _as_tensors(data, n_examples)
     x = x.to(device=device, dtype=dtype if x.dtype.is_floating_point else x.dtype)
     y = y.to(device)
-    net = copy_model(model).to(device=device, dtype=dtype).eval()
+    plan = dict(names=names, settings=settings, loss=loss, loss_fn=loss_fn, hvp_mode=hvp_mode, seed=seed,
+                chunk_size=chunk_size, max_memory_mb=max_memory_mb, timeout_s=timeout_s)
+    if in_place_allowed and measurable_in_place(model, device, dtype, hvp_mode):
+        with InPlace(model):
+            return _measure_net(model, x, y, **plan)
+    return _measure_net(copy_model(model).to(device=device, dtype=dtype), x, y, **plan)
+
+
+def _measure_net(net: nn.Module, x: Tensor, y: Tensor, *, names: list[str], settings: dict[str, Any], loss: Any,
+                 loss_fn: Any, hvp_mode: str, seed: int, chunk_size: int, max_memory_mb: int,
+                 timeout_s: float | None) -> dict[str, dict[str, Any]]:
+    """The records of `names` on `net` (on the device and in the dtype of `x`), put in eval mode with every
+    parameter trainable."""
+    net.eval()
     for p in net.parameters():
         p.requires_grad_(True)
     if hvp_mode != "auto":
