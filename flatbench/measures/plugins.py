@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from flatbench.errors import FlatbenchError
-from flatbench.measures import builtin, specs
-from flatbench.measures.specs import COST_CLASSES, PRECISIONS, MeasureSpec
+from flatbench.measures import builtin
+from flatbench.measures.specs import COST_CLASSES, PRECISIONS, REGISTERED, MeasureSpec, forget, store
 from flatbench.rescale import FAMILIES
 from flatbench.userspec import exec_file
 
@@ -90,7 +90,7 @@ def _load_file(spec: str) -> str:
     if loaded and loaded[1] == sha:
         return loaded[0]
     if loaded:  # edited since it was loaded in this process: its old measures make way for the new ones
-        specs.forget(str(path))
+        forget(str(path))
     module_name = f"flatbench_plugin_{''.join(c if c.isalnum() else '_' for c in path.stem)}_{sha[:12]}"
     PLUGIN_SOURCES[module_name] = (str(path), sha)
     recorded = _recording(lambda: exec_file(path, module_name, lambda exc: _fail(spec, exc),
@@ -171,15 +171,15 @@ def load_installed() -> None:
     _load_entry_points()
 
 
-def load_plugins(specs_: list[str] | tuple[str, ...] | None) -> list[str]:
-    """Import the measure plugins `specs_` (Python files or importable module names, see
+def load_plugins(specs: list[str] | tuple[str, ...] | None) -> list[str]:
+    """Import the measure plugins `specs` (Python files or importable module names, see
     `flatbench.measures.plugins`) after the built-in measures, and check and store what they register;
     returns the names they registered. Loading a plugin twice is a no-op, unless its file changed since."""
     load_installed()  # the built-in measures first, so that a clash is found and named
-    before = set(specs.REGISTERED)
-    for spec in specs_ or ():
+    before = set(REGISTERED)
+    for spec in specs or ():
         import_plugin(spec)
-    return sorted(set(specs.REGISTERED) - before)
+    return sorted(set(REGISTERED) - before)
 
 
 # ---------------------------------------------------------------- registration: recorded, then checked
@@ -250,14 +250,14 @@ def _check_and_store(recorded: list[Registration], label: str | None, module_nam
     batch: dict[str, MeasureSpec] = {}
     try:
         for registration in recorded:
-            batch[registration.name] = _checked(registration, {**specs.REGISTERED, **batch})
+            batch[registration.name] = _checked(registration, {**REGISTERED, **batch})
     except BaseException as exc:
         if module_name is not None:
             sys.modules.pop(module_name, None)
         if label is None or isinstance(exc, (FlatbenchError, KeyboardInterrupt)):
             raise
         raise _fail(label, exc) from None
-    specs.store(batch)
+    store(batch)
 
 
 def _checked(registration: Registration, known: dict[str, MeasureSpec]) -> MeasureSpec:
