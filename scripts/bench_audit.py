@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     import torch
 
-    from flatbench.measures.runner import build_context
+    from flatbench.measures.runner import build_context, plan_context
     from flatbench.rescale import applicable_families
-    from flatbench.store import MEASURES_JSON, RUN_JSON, is_finished, read_json
+    from flatbench.store import MEASURES_JSON, is_finished, read_json
     from flatbench.study import audit as A
     from flatbench.study import population as P
 
@@ -55,7 +55,6 @@ def main() -> None:
         A.measure_entry(ctx, entry)
     totals = {"old": 0.0, "new": 0.0}
     for run in runs:
-        info = read_json(run / RUN_JSON)
         # old: what the single-draw audit did for its one copy, once per copy
         t0 = time.perf_counter()
         old_values = {}
@@ -75,8 +74,8 @@ def main() -> None:
         t_old = time.perf_counter() - t0
         # new: the audit's one pass over the run
         t0 = time.perf_counter()
-        rows = P._audit_one_run(run, info, cfg, entries, args.family, factors, args.draws, gap_col, "bench",
-                                "cpu", build_context, applicable_families)
+        rows = P._audit_one_run(plan_context(run, cfg), entries, args.family, factors, args.draws, gap_col,
+                                "bench", "cpu")
         t_new = time.perf_counter() - t0
         new_values = {(r["measure"], r["max_factor"], r["draw"]): r["transformed"] for r in rows}
         same = all((old_values[k] == v) or (old_values[k] != old_values[k] and v != v) for k, v in new_values.items())

@@ -111,10 +111,10 @@ def in_process(*args: str) -> subprocess.CompletedProcess:
 def own_registry():
     """The registry as it was before the test (measures registered or plugins loaded in the test are
     removed after it)."""
-    from flatbench.measures import all_measures, registry
+    from flatbench.measures import all_measures, specs
 
     all_measures()
-    saved = dict(registry._REGISTRY)
+    saved = dict(specs.REGISTERED)
     yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved)
+    specs.REGISTERED.clear()
+    specs.REGISTERED.update(saved)

@@ -143,28 +143,66 @@ def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
     return ctx.cache[key]
 
 
-def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
-    """Load a finished run's model (final or snapshot, its hash checked) and its measurement set."""
+@dataclass(frozen=True)
+class ContextPlan:
+    """How one trained model is loaded into a measure context, planned from the measure config once (its
+    run.json read and its identity checked): plain data, so that it travels to a worker process."""
+    target: Target
+    run_cfg: RunConfig
+    dtype: str
+    """float64 | float32: `measure.dtype` auto loads in float64 (float32 twins are made on demand)."""
+    hvp_mode: str
+    n_examples: int | None
+    normalized_ce_tau: float
+    chunk_size: int
+    max_memory_mb: int
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The run's run.json as the plan read it."""
+        return self.target.info or {}
+
+
+def plan_context(target: Target | Path, cfg: MeasureConfig) -> ContextPlan:
+    """The plan of one model's context: its run.json read (once, unless the target carries it) and checked
+    against its folder, and what the measure config decides of the context."""
     target = as_target(target)
     info = target.info if target.info is not None else load_run_info(target.run_path)
     run_cfg: RunConfig = run_config_from_dict(info["config"])
     if run_cfg.run_id() != target.run_path.name:
         raise FlatbenchError(f"{target.run_path / 'run.json'} describes run {run_cfg.run_id()}, not "
                              f"{target.run_path.name} (edited by hand?); move the folder away or retrain it")
-    dtype = DTYPES["float32" if cfg.dtype == "float32" else "float64"]  # auto: float32 twins made on demand
+    return ContextPlan(replace(target, info=info), run_cfg, "float32" if cfg.dtype == "float32" else "float64",
+                       cfg.hvp_mode, cfg.n_examples, cfg.normalized_ce_tau, cfg.chunk_size, cfg.max_memory_mb)
+
+
+def plan_contexts(targets: list[Target | Path], cfg: MeasureConfig) -> list[ContextPlan]:
+    """The context plans of several models, all planned at once before any is loaded."""
+    return [plan_context(target, cfg) for target in targets]
+
+
+def load_context(plan: ContextPlan, device: torch.device) -> MeasureContext:
+    """Load a planned model (final or snapshot, its hash checked) and its measurement set."""
+    target, run_cfg, dtype = plan.target, plan.run_cfg, DTYPES[plan.dtype]
     model_file = None if target.level is None else target.model_file
-    model = load_model(target.run_path, device=device, model_file=model_file, sha256=target.sha256, info=info)
+    model = load_model(target.run_path, device=device, model_file=model_file, sha256=target.sha256, info=plan.info)
     model = model.to(dtype).eval()
     for p in model.parameters():
         p.requires_grad_(True)
-    if cfg.hvp_mode != "auto":
-        use_hvp_mode(model, cfg.hvp_mode)
+    if plan.hvp_mode != "auto":
+        use_hvp_mode(model, plan.hvp_mode)
     ds = load_dataset(run_cfg.data, run_cfg.data_seed, device=device)
-    x, y = measurement_subset(ds, cfg.n_examples, run_cfg.seed)
+    x, y = measurement_subset(ds, plan.n_examples, run_cfg.seed)
     return MeasureContext(model=model, inputs=x.to(dtype), targets=y, num_classes=ds.num_classes,
-                          run_id=info["run_id"], seed=run_cfg.seed, normalized_ce_tau=cfg.normalized_ce_tau,
-                          chunk_size=cfg.chunk_size, max_memory_mb=cfg.max_memory_mb,
+                          run_id=plan.info["run_id"], seed=run_cfg.seed, normalized_ce_tau=plan.normalized_ce_tau,
+                          chunk_size=plan.chunk_size, max_memory_mb=plan.max_memory_mb,
                           model_config=run_cfg.model)
+
+
+def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.device) -> MeasureContext:
+    """Load a finished run's model (final or snapshot, its hash checked) and its measurement set: its
+    context planned (`plan_context`) and loaded (`load_context`)."""
+    return load_context(plan_context(target, cfg), device)
 
 
 def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, Any],

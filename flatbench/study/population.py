@@ -59,11 +59,11 @@ import torch
 from flatbench.analysis.audit_tables import format_correlations
 from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_batch, kendall_permutation_pvalues, usable
 from flatbench.errors import Echo, FlatbenchError
-from flatbench.store import (MEASURES_JSON, RUN_JSON, atomic_write_bytes, atomic_write_text,
+from flatbench.store import (MEASURES_JSON, atomic_write_bytes, atomic_write_text,
                              is_finished, read_json)
 from flatbench.analysis.audit_plots import audit_correlations_figure
 from flatbench.measures.registry import all_measures, get_measure, load_plugins
-from flatbench.measures.runner import build_context, up_to_date
+from flatbench.measures.runner import ContextPlan, load_context, plan_contexts, up_to_date
 from flatbench.rescale import applicable_families
 from flatbench.seeding import make_generator
 from flatbench.study.workers import run_jobs
@@ -113,9 +113,8 @@ def parse_max_factors(values: Any) -> tuple[float, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _signature(cfg: Any, family: str, model_sha256: Any) -> str:
-    """What a run's audit rows depend on besides (measure, range, draw): the measure config, the family and
-    the model file. Rows of an earlier audit are reused only when it matches."""
+def _settings_signature(cfg: Any) -> dict[str, Any]:
+    """The measure config as a run's audit signature records it (planned once for every run)."""
     measure = dataclasses.asdict(cfg)
     for key, default in (("plugins", []), ("hvp_mode", "auto")):  # absent at their default: earlier audits
         if measure.get(key) in (default, tuple(default) if isinstance(default, list) else default):
@@ -123,6 +122,13 @@ def _signature(cfg: Any, family: str, model_sha256: Any) -> str:
     if cfg.plugins:  # an edited plugin makes its rows stale
         measure["plugin_sha256"] = sorted({str(s.origin_sha256) for s in all_measures().values()
                                            if s.origin != "builtin"})
+    return measure
+
+
+def _signature(measure: dict[str, Any], family: str, model_sha256: Any) -> str:
+    """What a run's audit rows depend on besides (measure, range, draw): the measure config
+    (`_settings_signature`), the family and the model file. Rows of an earlier audit are reused only when it
+    matches."""
     text = json.dumps({"measure": measure, "family": family, "model": model_sha256}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -282,7 +288,8 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     workers = int(workers if workers is not None else cfg.workers)
     if workers < 1:
         raise FlatbenchError(f"--workers must be at least 1, got {workers}")
-    entries = plan_entries(measures, cfg)
+    entries = plan_entries(measures, cfg)  # the plan, once: every entry and every run's context
+    contexts, settings = plan_contexts(runs, cfg), _settings_signature(cfg)
     out = Path(out_dir) if out_dir else exp_dir
     out.mkdir(parents=True, exist_ok=True)
     ranges = ", ".join(f"[1/{f:g}, {f:g}]" for f in factors)
@@ -290,8 +297,8 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
          f"factor range {ranges} (log-uniform), {len(entries)} measure entries"
          + (f", {workers} worker processes" if workers > 1 else ""))
     previous = None if fresh else _previous_rows(out / POPULATION_CSV)
-    done, todo = _split_reusable(runs, previous, cfg, entries, fam, factors, draws, gap_col, device,
-                                 lambda line: echo(line + f" from {out / POPULATION_CSV}"))
+    done, todo = _split_reusable(contexts, previous, settings, cfg.plugins, entries, fam, factors, draws, gap_col,
+                                 device, lambda line: echo(line + f" from {out / POPULATION_CSV}"))
     order = {p.name: i for i, p in enumerate(runs)}
     position = {entry.key: i for i, entry in enumerate(entries)}
 
@@ -310,7 +317,7 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     def finished(job: tuple, result: tuple[list[dict[str, Any]], float]) -> None:
         nonlocal copy_seconds
         rows, seconds = result
-        name = Path(job[0]).name
+        name = job[0].target.run_path.name
         done[name] = rows
         copy_seconds += seconds
         echo(f"  [{order[name] + 1}/{len(runs)}] {name} ({seconds:.1f}s, {seconds / (len(factors) * draws):.2f}s "
@@ -341,35 +348,36 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     return corr
 
 
-def _split_reusable(runs: list[Path], previous: pd.DataFrame | None, cfg: Any, entries: list[Entry], fam: str,
-                    factors: tuple[float, ...], draws: int, gap_col: str, device: torch.device | str,
-                    echo: Echo) -> tuple[dict[str, list[dict[str, Any]]], list[tuple]]:
+def _split_reusable(contexts: list[ContextPlan], previous: pd.DataFrame | None, settings: dict[str, Any],
+                    plugins: tuple[str, ...], entries: list[Entry], fam: str, factors: tuple[float, ...],
+                    draws: int, gap_col: str, device: torch.device | str, echo: Echo
+                    ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple]]:
     """The runs an earlier audit with the same settings finished (their rows, by run) and the jobs of the
-    others (the arguments of `audit_run_copies`)."""
+    others (the arguments of `audit_run_copies`: plain data, planned here, that a worker process gets)."""
     plan = {(e.key, f, d) for e in entries for f in factors for d in range(draws)}
     done: dict[str, list[dict[str, Any]]] = {}
     todo: list[tuple] = []
-    for i, run_path in enumerate(runs, 1):
-        info = read_json(run_path / RUN_JSON)
-        signature = _signature(cfg, fam, info.get("model_sha256"))
-        again = _reusable(previous, run_path.name, signature, plan)
+    for i, context in enumerate(contexts, 1):
+        name = context.target.run_path.name
+        signature = _signature(settings, fam, context.info.get("model_sha256"))
+        again = _reusable(previous, name, signature, plan)
         if again is not None:
-            done[run_path.name] = again
-            echo(f"  [{i}/{len(runs)}] {run_path.name}: reused")
+            done[name] = again
+            echo(f"  [{i}/{len(contexts)}] {name}: reused")
         else:
-            todo.append((str(run_path), info, cfg, entries, fam, factors, draws, gap_col, signature, str(device)))
+            todo.append((context, tuple(plugins), entries, fam, factors, draws, gap_col, signature, str(device)))
     return done, todo
 
 
-def audit_run_copies(run_dir: str, info: dict[str, Any], cfg: Any, entries: list[Entry], fam: str,
+def audit_run_copies(context: ContextPlan, plugins: tuple[str, ...], entries: list[Entry], fam: str,
                      factors: tuple[float, ...], draws: int, gap_col: str, signature: str, device: str
                      ) -> tuple[list[dict[str, Any]], float]:
     """One run's population-audit rows and the seconds they took; a module-level function, so that a worker
-    process can run it (it loads the study's measure plugins first: a worker starts without them)."""
+    process can run it (it loads the study's measure plugins first: a worker starts without them, and the
+    measures' specs, which hold functions, do not travel)."""
     t0 = time.perf_counter()
-    load_plugins(cfg.plugins)
-    rows = _audit_one_run(Path(run_dir), info, cfg, entries, fam, factors, draws, gap_col, signature, device,
-                          build_context, applicable_families)
+    load_plugins(plugins)
+    rows = _audit_one_run(context, entries, fam, factors, draws, gap_col, signature, device)
     return rows, time.perf_counter() - t0
 
 
@@ -408,17 +416,16 @@ def _stored_applies(record: dict[str, Any], entry: Entry, info: dict[str, Any]) 
     return up_to_date(record, spec, entry.settings, entry.context, info.get("model_sha256"))
 
 
-def _audit_one_run(run_path: Path, info: dict[str, Any], cfg: Any, entries: list[Entry], fam: str,
-                   factors: tuple[float, ...], draws: int, gap_col: str, signature: str,
-                   device: torch.device | str, build_context: Callable[..., Any],
-                   applicable_families: Callable[..., Any]) -> list[dict[str, Any]]:
+def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors: tuple[float, ...], draws: int,
+                   gap_col: str, signature: str, device: torch.device | str) -> list[dict[str, Any]]:
     """Every (range, draw) copy of one run, in one pass: the context (model, data, measurement set) is
     built once, the untransformed values are read (or computed) once, and each copy is a transformed deep
     copy of the model in a context of its own (an empty cache: nothing computed on another copy is
     reused, so every value is the one the copy gets when measured alone; the run's random draws, which do
     not depend on the parameters' values, are shared)."""
+    run_path, info = context.target.run_path, context.info
     stored = read_json(run_path / MEASURES_JSON) if (run_path / MEASURES_JSON).is_file() else {}
-    ctx = build_context(run_path, cfg, torch.device(device))
+    ctx = load_context(context, torch.device(device))
     verdict = applicable_families(ctx.model)[fam]
     if verdict is not True:
         raise FlatbenchError(f"{run_path.name}: the {fam} family does not apply ({verdict}); "

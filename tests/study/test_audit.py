@@ -226,7 +226,7 @@ def test_population_recomputes_an_untransformed_value_of_other_settings(experime
     import dataclasses
     import shutil
 
-    from flatbench.measures.runner import measure_run
+    from flatbench.measures.runner import build_context, measure_run
     from flatbench.study import audit as audit_mod
     from flatbench.study import population as population_mod
 
@@ -247,7 +247,7 @@ def test_population_recomputes_an_untransformed_value_of_other_settings(experime
     assert source == {"frobenius_norm": {"measures.json"}, "adaptive_sharpness_avg": {"computed"}}
     ctx_values = []
     for run in sorted((exp / "runs").iterdir()):
-        ctx = population_mod.build_context(run, other, torch.device("cpu"))
+        ctx = build_context(run, other, torch.device("cpu"))
         entry = audit_mod.plan_entries(["adaptive_sharpness_avg"], other)[0]
         ctx_values.append(audit_mod.measure_entry(ctx, entry)["values"]["adaptive_sharpness_avg"])
     originals = rows[rows["measure"] == "adaptive_sharpness_avg"].drop_duplicates("run_id").sort_values("run_id")
@@ -303,9 +303,9 @@ def test_population_audit_resumes_finished_runs(experiment: Path, tmp_path: Path
     calls: list[str] = []
     real = population_mod._audit_one_run
 
-    def counting(run_path, *args, **kw):
-        calls.append(run_path.name)
-        return real(run_path, *args, **kw)
+    def counting(context, *args, **kw):
+        calls.append(context.target.run_path.name)
+        return real(context, *args, **kw)
 
     monkeypatch.setattr(population_mod, "_audit_one_run", counting)
     again = _population(experiment, tmp_path, "frobenius_norm", draws=1)

@@ -1,6 +1,8 @@
 """Issue 31's goal, walked by the code's own calls (`scripts/walk_stage.py`): following the study through
 the measure stage gives at most 20 stays and 8 returns, the same for 2 runs and for 5, and reads as
-plan → compute → store (the study's config, its checks, then the registry's plan and the compute loop)."""
+plan → compute → store (the study's config, its checks, then the registry's plan and the compute loop).
+The population audit, following every study object it reads, gives the same walk for 3 runs and for 5: its
+plan (every entry and every run's context) is made once, and the per-run loop works from the plan."""
 
 from __future__ import annotations
 
@@ -21,12 +23,10 @@ def _walker():
     return module
 
 
-def _walk_measure(tmp_path: Path, runs: int) -> dict:
+def _trained(tmp_path: Path, runs: int):
     from flatbench.config import load_study
-    from flatbench.study.measure import measure_study
     from flatbench.study.train import train_study
 
-    walker = _walker()
     tmp_path.mkdir(parents=True)
     config = tmp_path / "tiny.yaml"
     ratios = ", ".join(f"{i / (runs - 1):g}" for i in range(runs))
@@ -35,7 +35,27 @@ def _walk_measure(tmp_path: Path, runs: int) -> dict:
                       "measure: {measures: [frobenius_norm, hessian_trace, path_norm], n_examples: 100}\n")
     study = load_study(config, out=str(tmp_path))
     train_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None)
+    return study
+
+
+def _walk_measure(tmp_path: Path, runs: int) -> dict:
+    from flatbench.study.measure import measure_study
+
+    walker = _walker()
+    study = _trained(tmp_path, runs)
     rooms = walker.walk(lambda: measure_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None), study)
+    return walker.summarize(rooms)
+
+
+def _walk_audit(tmp_path: Path, runs: int) -> dict:
+    from flatbench.study.measure import measure_study
+    from flatbench.study.population import audit_population
+
+    walker = _walker()
+    study = _trained(tmp_path, runs)
+    measure_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None)
+    rooms = walker.walk_by_type(lambda: audit_population(study.exp_dir, measures=["frobenius_norm", "path_norm"],
+                                                         draws=1, echo=lambda *a: None))
     return walker.summarize(rooms)
 
 
@@ -48,3 +68,13 @@ def test_the_measure_stage_enters_each_room_once_however_many_runs(tmp_path):
     seq = five["sequence"]
     assert seq[0] == "study/measure.py" and seq[-1] == "measures/runner.py"  # plan first, the compute loop last
     assert seq.index("study/spec.py") < seq.index("measures/runner.py")
+
+
+def test_the_population_audit_walks_the_same_however_many_runs(tmp_path):
+    three = _walk_audit(tmp_path / "three", 3)
+    five = _walk_audit(tmp_path / "five", 5)
+    assert five["sequence"] == three["sequence"], (three["sequence"], five["sequence"])  # no per-run back and forth
+    assert five["returns"] == three["returns"] <= 2 and five["stays"] <= 8, five  # the saved study's reading only
+    seq = five["sequence"]
+    assert seq.count("measures/runner.py") == 1 and seq.count("study/population.py") == 1, seq
+    assert seq.index("study/audit.py") < seq.index("measures/runner.py") < seq.index("study/population.py")
