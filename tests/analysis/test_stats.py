@@ -780,3 +780,22 @@ def test_yi_like_seed_axis_no_longer_drags_psi(no_registry):
     assert row["seed_pairs_concordant"] == 0.0 and row["n_seed_pairs"] == 11
     # one environment (the ratio, no other axis) of 220 pairs, most above the noise: averaged
     assert row["n_environments"] == 1 and row["sign_error_mean"] == pytest.approx(0.0)
+
+
+def test_the_permutation_p_of_many_tied_runs_is_the_count_of_scipys_tau_over_the_same_permutations():
+    """Above 400 runs with ties (an accuracy gap), S of every permutation comes from the pair-sign matrices
+    as below; it must count exactly the permutations whose scipy τ-b reaches the observed one."""
+    from flatbench.analysis.stats.kernels import _permutations, kendall_permutation_pvalues, kendall_scipy
+
+    rng = np.random.default_rng(0)
+    n = 450
+    y = rng.integers(0, 20, n).astype(float)
+    x = rng.integers(0, 30, (4, n)).astype(float)
+    x[2] = y + rng.normal(0, 5, n).round()  # associated: a small p
+    got = kendall_permutation_pvalues(x, y, n_perm=200, seed=3)
+    perms, _ = _permutations(n, 200, 3)
+    for row, p in zip(x, got):
+        t_obs = abs(kendall_scipy(row, y))
+        count = sum(abs(kendall_scipy(row, y[perm])) >= t_obs - 1e-12 for perm in perms)
+        assert p == (count + 1) / (len(perms) + 1)
+    assert got[2] < 0.01 < got[0]

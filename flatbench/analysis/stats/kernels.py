@@ -26,6 +26,9 @@ from scipy.stats import kendalltau, rankdata
 PAIRWISE_LIMIT = 400
 """Above this many runs `kendall_batch` uses scipy's O(n log n) τ per row instead of the n×n sign arrays."""
 CHUNK_ELEMENTS = 4_000_000
+SIGN_ROWS_ELEMENTS = 16_000_000
+"""The permutation test holds the pair signs of this many (measure, pair) elements at a time (64 MB in
+float32): all of 40 measures at once up to about 900 runs, the measures in blocks beyond."""
 
 
 def _constant(x: np.ndarray) -> np.ndarray:
@@ -247,7 +250,9 @@ def kendall_permutation_pvalues(x: np.ndarray, y: np.ndarray, n_perm: int = N_PE
       the number of inversions; symmetric, so its two-sided p is the same |S| test).
     * otherwise (ties): Monte Carlo, p = (b + 1) / (n_perm + 1), b = the number of the permutations
       `np.random.default_rng(seed).permuted(np.tile(np.arange(n), (n_perm, 1)), axis=1)` whose |S| reaches
-      |S_obs| (Phipson & Smyth 2010). The same permutations serve every row.
+      |S_obs| (Phipson & Smyth 2010). The same permutations serve every row. S of every permutation is the
+      product of the pair-sign matrices (chunks of permutations × blocks of rows), for any n: the loop of
+      scipy τ per permutation it replaced above 400 runs took 3 minutes on the natural study's 540 runs.
 
     NaN for a non-finite or constant row, a constant or non-finite y, n < 2 or n_perm ≤ 0.
     """
@@ -265,23 +270,22 @@ def kendall_permutation_pvalues(x: np.ndarray, y: np.ndarray, n_perm: int = N_PE
     if not len(rest):
         return out
     perms, enumerated = _permutations(n, int(n_perm), seed)
-    xs = x[rest]
-    count = np.zeros(len(xs), dtype=np.int64)
-    if n <= PAIRWISE_LIMIT:
-        iu, ju = np.triu_indices(n, 1)
-        yr = rankdata(y, method="dense").astype(np.int32)
-        xr = rankdata(xs, method="dense", axis=1).astype(np.int32)
-        sx = np.sign(xr[:, iu] - xr[:, ju]).astype(np.float32)            # (k, P) in {-1, 0, 1}
-        s_obs = np.abs(sx @ np.sign(yr[iu] - yr[ju]).astype(np.float32))  # exact: |S| ≤ P < 2^24
+    count = np.zeros(len(rest), dtype=np.int64)
+    iu, ju = np.triu_indices(n, 1)
+    yr = rankdata(y, method="dense").astype(np.int32)
+    exact = np.float32 if len(iu) < 2 ** 24 else np.float64  # sums of ±1 over the pairs stay exact
+    sy_obs = np.sign(yr[iu] - yr[ju]).astype(exact)
+    block = max(1, SIGN_ROWS_ELEMENTS // len(iu))
+    for first in range(0, len(rest), block):
+        rows = slice(first, first + block)
+        xr = rankdata(x[rest[rows]], method="dense", axis=1).astype(np.int32)
+        sx = np.sign(xr[:, iu] - xr[:, ju]).astype(exact)                 # (rows, P) in {-1, 0, 1}
+        s_obs = np.abs(sx @ sy_obs)
         chunk = max(1, CHUNK_ELEMENTS // len(iu))
         for start in range(0, len(perms), chunk):
             yp = yr[perms[start:start + chunk]]
-            sy = np.sign(yp[:, iu] - yp[:, ju]).astype(np.float32)
-            count += (np.abs(sy @ sx.T) >= s_obs[None, :] - 0.5).sum(axis=0)
-    else:
-        for row, xi in enumerate(xs):
-            t_obs = abs(kendall_scipy(xi, y))
-            count[row] = sum(abs(kendall_scipy(xi, y[perm])) >= t_obs - 1e-12 for perm in perms)
+            sy = np.sign(yp[:, iu] - yp[:, ju]).astype(exact)
+            count[rows] += (np.abs(sy @ sx.T) >= s_obs[None, :] - 0.5).sum(axis=0)
     out[rest] = count / len(perms) if enumerated else (count + 1) / (len(perms) + 1)
     return out
 
