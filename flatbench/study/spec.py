@@ -54,11 +54,16 @@ def shard_runs(study: Study, shard: tuple[int, int] | None) -> list[tuple[str, o
 def save_study(study: Study) -> Path:
     """Write the resolved study config into the experiment folder, for `measure` and `report` to read."""
     path = study.exp_dir / STUDY_FILE
+    atomic_write_text(path, study_text(study))
+    return path
+
+
+def study_text(study: Study) -> str:
+    """The study.yaml of a study: its resolved config, named, without the output folder."""
     raw = dict(study.raw)
     raw["name"] = study.name
     raw.pop("out", None)
-    atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False))
-    return path
+    return yaml.safe_dump(raw, sort_keys=False)
 
 
 def read_saved_study(exp_dir: str | Path, overrides: tuple[str, ...] = ()) -> Study:
@@ -193,10 +198,16 @@ def _check_setting_types(settings: dict) -> None:
 
 
 def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
+    """Read every dataset the runs of the study (or `runs`) need, so a missing one is an error before
+    anything is created (`check_runs_data`)."""
+    check_runs_data(list(runs if runs is not None else study.runs), study.measure.n_examples)
+
+
+def check_runs_data(runs: list[tuple[str, Any]], n_examples: int | None) -> None:
     """Read every dataset the runs need (once per process), so a missing one is an error before anything
-    is created."""
+    is created; each run must have the examples it asks for and the `n_examples` it is measured on."""
     seen: dict[tuple, Any] = {}
-    for _, run in (runs if runs is not None else study.runs):
+    for _, run in runs:
         key = (run.data.dataset, run.data.root, run.data.download)
         if key not in seen:
             seen[key] = load_raw(run.data.dataset, dataset_root(run.data.root), run.data.download)
@@ -209,7 +220,7 @@ def check_data(study: Study, runs: list[tuple[str, Any]] | None = None) -> None:
                 raise ConfigError(f"{where}={asked} is more than the {available} {which} examples of "
                                   f"'{run.data.dataset}'; give at most {available} (or null: all of them)")
         n_train = run.data.n_train if run.data.n_train is not None else int(raw.y_train.numel())
-        _refuse_more_examples_than(study.measure.n_examples, n_train, run)
+        _refuse_more_examples_than(n_examples, n_train, run)
 
 
 def _refuse_an_empty_split(dataset: str, n_train: int, n_test: int) -> None:

@@ -3,6 +3,7 @@ groups, after checking everything that can be checked first."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,26 @@ import torch
 
 from flatbench.config import Study
 from flatbench.errors import Echo, FlatbenchError
-from flatbench.store import RUN_JSON, RunLocked, atomic_write_json, is_finished, read_json, run_dir
-from flatbench.study.spec import check_data, check_output_dir, check_study, save_study, shard_runs, show_progress
+from flatbench.store import (RUN_JSON, STUDY_FILE, RunLocked, atomic_write_json, atomic_write_text, is_finished,
+                             read_json, run_dir)
+from flatbench.study.spec import check_output_dir, check_runs_data, check_study, show_progress, study_text
 from flatbench.study.workers import run_jobs
 from flatbench.training import (Preempted, StopFlag, TrainOutcome, WorkerReport, check_run_dir, plan_groups,
                                 train_group, train_run)
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What the train stage does, decided from the study before any work: the experiment folder, the runs
+    of this shard (finished ones skipped), the sweep's axes (for run names) and the study.yaml to store."""
+
+    exp_dir: Path
+    total: int
+    pending: list[tuple[str, Any]]
+    skipped: list[str]
+    sweep_axes: tuple[str, ...]
+    study_yaml: str
+    n_examples: int | None
 
 
 def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | None = None,
@@ -28,42 +44,51 @@ def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | 
     Before anything is written: the names, the datasets, the output folder and every existing run folder
     (its stored config must be the run's, its model.pt the one it wrote) are checked; `checked=True` says
     that the caller has already run `check_study` on this study (`flatbench run`), so it is not run again.
+    The stage reads as plan (`_plan`, the only step that reads the study) → compute → store (`_train`).
     """
     with StopFlag() as stop:  # a stop signal is kept for the whole stage (between runs too)
-        exp_dir = study.exp_dir  # the study is read in order: its config, its runs, then its checks
-        runs = [(rid, cfg) for rid, cfg in shard_runs(study, shard) if run_ids is None or rid in run_ids]
-        if not checked:
-            check_study(study)
-        return _train_study(study, exp_dir, runs, device, stop, quiet=quiet, echo=echo)
+        return _train(_plan(study, shard, run_ids, checked), device, stop, quiet=quiet, echo=echo)
 
 
-def _train_study(study: Study, exp_dir: Path, runs: list[tuple[str, Any]], device: torch.device, stop: StopFlag,
-                 *, quiet: bool, echo: Echo) -> TrainOutcome:
-    """The plan (the runs still to train, their data checked, the study saved), then the compute loop."""
-    outcome = TrainOutcome()
-    pending = []
+def _plan(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | None, checked: bool) -> TrainPlan:
+    """The train stage's plan: the study read once, in order (its folder and runs, its saved text, its
+    names checked), then each run folder and the data checked."""
+    exp_dir = study.exp_dir
+    runs = list(study.runs) if shard is None else list(study.runs)[shard[0]::shard[1]]
+    runs = [(rid, cfg) for rid, cfg in runs if run_ids is None or rid in run_ids]
+    text = study_text(study)
+    if not checked:
+        check_study(study)
+    plan = TrainPlan(exp_dir=exp_dir, total=len(runs), pending=[], skipped=[], sweep_axes=study.sweep_axes,
+                     study_yaml=text, n_examples=study.measure.n_examples)
     for rid, cfg in runs:
         if check_run_dir(run_dir(exp_dir, rid), rid, cfg) == "finished":
-            outcome.skipped.append(rid)
+            plan.skipped.append(rid)
         else:
-            pending.append((rid, cfg))
-    check_data(study, pending)
+            plan.pending.append((rid, cfg))
+    check_runs_data(plan.pending, plan.n_examples)
     check_output_dir(exp_dir, "experiment folder")
-    save_study(study)
+    return plan
+
+
+def _train(plan: TrainPlan, device: torch.device, stop: StopFlag, *, quiet: bool, echo: Echo) -> TrainOutcome:
+    """The study stored (study.yaml), then the compute loop over the planned groups."""
+    atomic_write_text(plan.exp_dir / STUDY_FILE, plan.study_yaml)
+    outcome = TrainOutcome(skipped=list(plan.skipped))
     done = len(outcome.skipped)
-    groups = plan_groups(pending, device)
-    workers = max((cfg.train.workers for _, cfg in pending), default=1)
+    groups = plan_groups(plan.pending, device)
+    workers = max((cfg.train.workers for _, cfg in plan.pending), default=1)
     if workers > 1 and len(groups) > 1:
-        _train_in_workers(groups, study, device, workers, outcome, echo)
+        _train_in_workers(groups, plan, device, workers, outcome, echo)
         return outcome
     progress = show_progress(quiet)
     for group in groups:
         stop.check()  # a signal during the last run's evaluation or save: no other run starts
         ids = [rid for rid, _ in group]
         if not quiet:
-            echo(_starting(ids, done, len(runs)))
+            echo(_starting(ids, done, plan.total))
         done += len(ids)
-        outcome.add(train_group_job(group, exp_dir, device, study.sweep_axes, progress, echo))
+        outcome.add(train_group_job(group, plan.exp_dir, device, plan.sweep_axes, progress, echo))
     return outcome
 
 
@@ -119,7 +144,7 @@ def _worker_train(group: list, exp_dir: str, device: str, sweep_axes: tuple) -> 
     return report
 
 
-def _train_in_workers(groups: list, study: Study, device: torch.device, workers: int,
+def _train_in_workers(groups: list, plan: TrainPlan, device: torch.device, workers: int,
                       outcome: TrainOutcome, echo: Echo) -> None:
     """`train.workers` > 1: the planned groups as jobs of a pool of worker processes on one device."""
     echo(f"training {sum(len(g) for g in groups)} runs in {min(workers, len(groups))} worker processes on {device}")
@@ -131,7 +156,7 @@ def _train_in_workers(groups: list, study: Study, device: torch.device, workers:
         outcome.add(report.outcome)
         reports.append(report)
 
-    run_jobs(_worker_train, [(group, str(study.exp_dir), str(device), study.sweep_axes) for group in groups],
+    run_jobs(_worker_train, [(group, str(plan.exp_dir), str(device), plan.sweep_axes) for group in groups],
              workers, device, collect, hold_signals=True)
     errors = [r.error for r in reports if r.error]
     if errors:

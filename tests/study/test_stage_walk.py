@@ -78,3 +78,31 @@ def test_the_population_audit_walks_the_same_however_many_runs(tmp_path):
     seq = five["sequence"]
     assert seq.count("measures/runner.py") == 1 and seq.count("study/population.py") == 1, seq
     assert seq.index("study/audit.py") < seq.index("measures/runner.py") < seq.index("study/population.py")
+
+
+def _walk_train(tmp_path: Path, runs: int, trained_first: bool = False) -> dict:
+    """The train stage's walk on a fresh study (every run trained) or on a trained one (every run skipped)."""
+    from flatbench.config import load_study
+    from flatbench.study.train import train_study
+
+    walker = _walker()
+    study = _trained(tmp_path, runs) if trained_first else None
+    if study is None:
+        tmp_path.mkdir(parents=True)
+        config = tmp_path / "tiny.yaml"
+        ratios = ", ".join(f"{i / (runs - 1):g}" for i in range(runs))
+        config.write_text(f"name: tiny\ndata: {{dataset: mnist_mini, n_train: 200, random_label_ratio: [{ratios}]}}\n"
+                          "model: {name: mlp, widths: [16]}\ntrain: {epochs: 2, batch_size: 50}\n"
+                          "measure: {measures: [frobenius_norm], n_examples: 100}\n")
+        study = load_study(config, out=str(tmp_path))
+    rooms = walker.walk(lambda: train_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None), study)
+    return walker.summarize(rooms)
+
+
+def test_the_train_stage_reads_the_study_once_then_trains_from_its_plan(tmp_path):
+    two = _walk_train(tmp_path / "two", 2)
+    four = _walk_train(tmp_path / "four", 4)
+    resumed = _walk_train(tmp_path / "resumed", 3, trained_first=True)
+    assert four["sequence"] == two["sequence"] == resumed["sequence"], (two, four, resumed)
+    assert four["returns"] == 0 and max(four["entered"].values()) == 1, four
+    assert four["sequence"][0] == "study/train.py" and four["sequence"][-1] == "measures/runner.py", four
