@@ -2,7 +2,8 @@
 the measure stage gives at most 20 stays and 8 returns, the same for 2 runs and for 5, and reads as
 plan → compute → store (the study's config, its checks, then the registry's plan and the compute loop).
 The population audit, following every study object it reads, gives the same walk for 3 runs and for 5: its
-plan (every entry and every run's context) is made once, and the per-run loop works from the plan."""
+plan (every entry and every run's context) is made once, and the per-run loop works from the plan. The train
+stage reads the study once, into its plan, on a fresh study as on a finished one: 4 stays, no return."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ def _walker():
     return module
 
 
-def _trained(tmp_path: Path, runs: int):
+def _study(tmp_path: Path, runs: int):
+    """A tiny study of `runs` MLPs (random-label ratios 0..1) with its output in `tmp_path`."""
     from flatbench.config import load_study
-    from flatbench.study.train import train_study
 
     tmp_path.mkdir(parents=True)
     config = tmp_path / "tiny.yaml"
@@ -33,7 +34,13 @@ def _trained(tmp_path: Path, runs: int):
     config.write_text(f"name: tiny\ndata: {{dataset: mnist_mini, n_train: 200, random_label_ratio: [{ratios}]}}\n"
                       "model: {name: mlp, widths: [16]}\ntrain: {epochs: 2, batch_size: 50}\n"
                       "measure: {measures: [frobenius_norm, hessian_trace, path_norm], n_examples: 100}\n")
-    study = load_study(config, out=str(tmp_path))
+    return load_study(config, out=str(tmp_path))
+
+
+def _trained(tmp_path: Path, runs: int):
+    from flatbench.study.train import train_study
+
+    study = _study(tmp_path, runs)
     train_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None)
     return study
 
@@ -82,19 +89,10 @@ def test_the_population_audit_walks_the_same_however_many_runs(tmp_path):
 
 def _walk_train(tmp_path: Path, runs: int, trained_first: bool = False) -> dict:
     """The train stage's walk on a fresh study (every run trained) or on a trained one (every run skipped)."""
-    from flatbench.config import load_study
     from flatbench.study.train import train_study
 
     walker = _walker()
-    study = _trained(tmp_path, runs) if trained_first else None
-    if study is None:
-        tmp_path.mkdir(parents=True)
-        config = tmp_path / "tiny.yaml"
-        ratios = ", ".join(f"{i / (runs - 1):g}" for i in range(runs))
-        config.write_text(f"name: tiny\ndata: {{dataset: mnist_mini, n_train: 200, random_label_ratio: [{ratios}]}}\n"
-                          "model: {name: mlp, widths: [16]}\ntrain: {epochs: 2, batch_size: 50}\n"
-                          "measure: {measures: [frobenius_norm], n_examples: 100}\n")
-        study = load_study(config, out=str(tmp_path))
+    study = _trained(tmp_path, runs) if trained_first else _study(tmp_path, runs)
     rooms = walker.walk(lambda: train_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None), study)
     return walker.summarize(rooms)
 
