@@ -135,7 +135,7 @@ def _only_flatbench_code(names: list[str], loss: Any) -> bool:
     """Whether only flatbench's own code sees the model: built-in measures and a built-in loss. Each measure
     runs under `isolation.guarded_call`, which puts back any tensor, mode or flag a measure changed, so the
     caller's model needs no guard of its own (`_CallerState`: a clone of every tensor) and can even be measured
-    in place (`_InPlace`); a plugin measure or a loss of the caller's, which may hold a reference to the
+    in place (`in_place.InPlace`); a plugin measure or a loss of the caller's, which may hold a reference to the
     caller's model and change it outside that guard, gets the copy and the guard."""
     return isinstance(loss, str) and loss in BUILTIN_LOSSES and all(get_measure(n).origin == "builtin" for n in names)
 

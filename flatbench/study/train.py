@@ -13,7 +13,7 @@ from flatbench.config import Study
 from flatbench.errors import Echo, FlatbenchError
 from flatbench.store import (RUN_JSON, STUDY_FILE, RunLocked, atomic_write_json, atomic_write_text, is_finished,
                              read_json, run_dir)
-from flatbench.study.spec import check_output_dir, check_runs_data, check_study, show_progress, study_text
+from flatbench.study.spec import check_output_dir, check_runs_data, check_study, shard_runs, show_progress, study_text
 from flatbench.study.workers import run_jobs
 from flatbench.training import (Preempted, StopFlag, TrainOutcome, WorkerReport, check_run_dir, plan_groups,
                                 train_group, train_run)
@@ -30,7 +30,6 @@ class TrainPlan:
     skipped: list[str]
     sweep_axes: tuple[str, ...]
     study_yaml: str
-    n_examples: int | None
 
 
 def train_study(study: Study, device: torch.device, *, shard: tuple[int, int] | None = None,
@@ -54,19 +53,18 @@ def _plan(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | None
     """The train stage's plan: the study read once, in order (its folder and runs, its saved text, its
     names checked), then each run folder and the data checked."""
     exp_dir = study.exp_dir
-    runs = list(study.runs) if shard is None else list(study.runs)[shard[0]::shard[1]]
-    runs = [(rid, cfg) for rid, cfg in runs if run_ids is None or rid in run_ids]
+    runs = [(rid, cfg) for rid, cfg in shard_runs(study, shard) if run_ids is None or rid in run_ids]
     text = study_text(study)
     if not checked:
         check_study(study)
     plan = TrainPlan(exp_dir=exp_dir, total=len(runs), pending=[], skipped=[], sweep_axes=study.sweep_axes,
-                     study_yaml=text, n_examples=study.measure.n_examples)
+                     study_yaml=text)
     for rid, cfg in runs:
         if check_run_dir(run_dir(exp_dir, rid), rid, cfg) == "finished":
             plan.skipped.append(rid)
         else:
             plan.pending.append((rid, cfg))
-    check_runs_data(plan.pending, plan.n_examples)
+    check_runs_data(plan.pending, study.measure.n_examples)
     check_output_dir(exp_dir, "experiment folder")
     return plan
 

@@ -276,12 +276,12 @@ def kendall_permutation_pvalues(x: np.ndarray, y: np.ndarray, n_perm: int = N_PE
     exact = np.float32 if len(iu) < 2 ** 24 else np.float64  # sums of ±1 over the pairs stay exact
     sy_obs = np.sign(yr[iu] - yr[ju]).astype(exact)
     block = max(1, SIGN_ROWS_ELEMENTS // len(iu))
+    chunk = max(1, CHUNK_ELEMENTS // len(iu))
     for first in range(0, len(rest), block):
         rows = slice(first, first + block)
         xr = rankdata(x[rest[rows]], method="dense", axis=1).astype(np.int32)
         sx = np.sign(xr[:, iu] - xr[:, ju]).astype(exact)                 # (rows, P) in {-1, 0, 1}
         s_obs = np.abs(sx @ sy_obs)
-        chunk = max(1, CHUNK_ELEMENTS // len(iu))
         for start in range(0, len(perms), chunk):
             yp = yr[perms[start:start + chunk]]
             sy = np.sign(yp[:, iu] - yp[:, ju]).astype(exact)
