@@ -9,7 +9,9 @@
         table.csv, correlations.csv, plots/, report.md
 
 Every write goes to a temporary file in the same folder and is then moved into place with
-`os.replace`, so a killed job never leaves a half-written JSON file or checkpoint behind.
+`os.replace`, so a killed job never leaves a half-written JSON file or checkpoint behind. A job killed
+between the write and the rename leaves its temporary (`.<name>.<random>.<pid>@<host>.tmp`); the next write
+into that folder removes it, once its writer is known dead (`sweep_temporaries`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import io
 import json
 import math
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -54,11 +57,59 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+TEMP_STALE_AFTER = 24 * 3600
+"""Seconds after which a temporary from another host (whose writer cannot be asked) counts as left over."""
+_TEMP_WRITER = re.compile(r"\.(\d+)@([^@/]+)\.tmp$")
+_swept: set[str] = set()
+
+
+def _temp_suffix() -> str:
+    """The end of this process's temporary names: `.<pid>@<host>.tmp`, so that a later process can tell a
+    temporary whose writer died (kill -9 between write and rename) from one still being written."""
+    return f".{os.getpid()}@{socket.gethostname()}.tmp"
+
+
+def _left_over(name: str, age: float) -> bool:
+    """Whether the temporary `name` belongs to no live writer: a dead process on this host, or (another
+    host, or a name without its writer) older than `TEMP_STALE_AFTER`."""
+    writer = _TEMP_WRITER.search(name)
+    if writer and writer.group(2) == socket.gethostname():
+        pid = int(writer.group(1))
+        return pid != os.getpid() and not _pid_alive(pid)
+    return age > TEMP_STALE_AFTER
+
+
+def sweep_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries `atomic_write_bytes` left in `folder` when its writer was killed between
+    writing and renaming; returns what it removed. Temporaries of live writers are kept."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False)):
+            continue
+        try:
+            if _left_over(entry.name, time.time() - entry.stat(follow_symlinks=False).st_mtime):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            pass  # gone already, or not ours to remove
+    return removed
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one."""
+    """Write `data` to `path` so that readers see either the old file or the whole new one. The first write
+    into a folder in a process also removes the temporaries a killed writer left there, so a resumed stage
+    leaves the folder as an uninterrupted one would."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    folder = str(path.parent.resolve())
+    if folder not in _swept:
+        sweep_temporaries(folder)
+        _swept.add(folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_temp_suffix(), dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are meant to be shared
         with os.fdopen(fd, "wb") as f:
