@@ -245,14 +245,16 @@ def audit(exp: Path) -> str:
         for x in factors:
             r = part.get(x)
             if r is None or not math.isfinite(float(r["delta_mean"])):
-                cells.append("n/a" if r is None else f"n/a ({r['status']})")
+                why = "" if r is None else (r.get("note") if isinstance(r.get("note"), str) else r["status"])
+                cells.append("n/a" if r is None else f"n/a ({why})")
             else:
                 partial = f" ({int(r['n_draws_ok'])} of {int(r['n_draws'])} draws)" \
                     if int(r["n_draws_ok"]) < int(r["n_draws"]) else ""
                 cells.append(f"{f(r['delta_mean'])} [{f(r['delta_min'])}, {f(r['delta_max'])}]{partial}")
             rel = float(r["median_rel_change"]) if r is not None else math.nan
             rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
-        n = min(int(r["n"]) for r in part.values())
+        counted = [int(r["n"]) for r in part.values() if int(r["n"]) > 0]  # a range with no copy says why in its cell
+        n = min(counted) if counted else 0
         lines.append(f"| `{measure}` | {n} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
                      + " / ".join(rels) + f" | {'yes' if first['declared_invariant'] else 'no'} |")
     lines.append("")
