@@ -245,7 +245,8 @@ def audit(exp: Path) -> str:
         for x in factors:
             r = part.get(x)
             if r is None or not math.isfinite(float(r["delta_mean"])):
-                why = "" if r is None else (r.get("note") if isinstance(r.get("note"), str) else r["status"])
+                note = r.get("note") if r is not None else None  # e.g. "error on 66 of 66 copies", where the
+                why = note if isinstance(note, str) and not note.startswith(str(r["status"])) else (r or {}).get("status")  # status alone says less
                 cells.append("n/a" if r is None else f"n/a ({why})")
             else:
                 partial = f" ({int(r['n_draws_ok'])} of {int(r['n_draws'])} draws)" \
