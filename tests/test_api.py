@@ -166,3 +166,24 @@ def copy_of(model: nn.Module) -> nn.Module:
     import copy
 
     return copy.deepcopy(model)
+
+
+def test_the_frame_is_the_one_pandas_builds_from_the_rows(monkeypatch) -> None:
+    """`records_to_frame` builds its six columns directly (the API's overhead); the frame, dtypes included, is
+    the one `pd.DataFrame(rows, columns=COLUMNS)` gives, and so is the fallback for another pandas."""
+    import pandas as pd
+
+    from flatbench import api
+
+    records = {"a": {"measure": "a", "status": "ok", "seconds": 0.1, "values": {"a": 1.5, "a/w": -2.0}, "info": {"k": 1}},
+               "b": {"measure": "b", "status": "error", "seconds": 0.25, "error": "boom"},
+               "c": {"measure": "c", "status": "not_applicable", "seconds": 0.0, "reason": "no ReLU"},
+               "d": {"measure": "d", "status": "ok", "seconds": 1.0, "values": {"d": 3.0}, "reason": "computed with ce"}}
+    rows = [("a", "a", 1.5, "ok", "", 0.1), ("a", "a/w", -2.0, "ok", "", 0.1), ("b", "b", math.nan, "error", "boom", 0.25),
+            ("c", "c", math.nan, "not_applicable", "no ReLU", 0.0), ("d", "d", 3.0, "ok", "computed with ce", 1.0)]
+    expected = pd.DataFrame(rows, columns=list(api.COLUMNS))
+    df = api.records_to_frame(records)
+    pd.testing.assert_frame_equal(df, expected)
+    assert df.attrs["info"] == {"a": {"k": 1}}
+    monkeypatch.delattr(pd.DataFrame, "_from_arrays")
+    pd.testing.assert_frame_equal(api.records_to_frame(records), expected)

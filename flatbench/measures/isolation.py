@@ -102,6 +102,9 @@ class ModelGuard:
     def change(self, model: nn.Module) -> str | None:
         """A few words on what differs between the model now and as guarded (None when nothing does)."""
         now, modes_now, grads_now = _walk(model)
+        if (now.keys() == self.tensors.keys() and modes_now == self.modes and grads_now == self.grads
+                and all(same_bits(t, self.tensors[k][1]) for k, (_, t) in now.items())):
+            return None  # the common case in one pass, without the sets that name what changed
         tensors = sorted(set(now) ^ set(self.tensors)
                          | {k for k in now.keys() & self.tensors.keys() if not same_bits(now[k][1], self.tensors[k][1])})
         parts = [_names(tensors)] if tensors else []
