@@ -275,6 +275,9 @@ def _validate_choices(run: RunConfig) -> None:
                          "model.width": run.model.width, "model.depth": run.model.depth}.items():
         if not value > 0:
             raise ConfigError(f"{where} must be positive, got {value}")
+    if run.train.test_every < 0:
+        raise ConfigError(f"train.test_every must be 0 (at every evaluation) or a positive number of epochs, got "
+                          f"{run.train.test_every}")
     if run.train.momentum < 0:
         raise ConfigError(f"train.momentum must be non-negative, got {run.train.momentum}")
     if not run.train.lazy_eval >= 0:
@@ -304,7 +307,8 @@ def _validate_choices(run: RunConfig) -> None:
 
 
 UPPER_BOUNDS = {"train.epochs": 100_000, "train.batch_size": 10**7, "train.eval_batch_size": 10**7,
-                "train.eval_every": 100_000, "train.workers": 1024, "train.step_size": 100_000,
+                "train.eval_every": 100_000, "train.test_every": 100_000, "train.workers": 1024,
+                "train.step_size": 100_000,
                 "model.width": 10**6, "model.depth": 10_000, "data.n_train": 10**9, "data.n_test": 10**9,
                 "measure.n_examples": 10**9, "measure.chunk_size": 10**9, "measure.max_memory_mb": 10**8,
                 "measure.workers": 1024}

@@ -113,6 +113,12 @@ class TrainConfig:
     target: the same epoch as with every evaluation done unless the loss reached the target while the running
     loss was above 30x it (the five CPU studies' largest ratio at an endpoint or snapshot was 7.3). 0:
     evaluate at every evaluation epoch. No effect without a loss target or snapshot levels."""
+    test_every: int = 0
+    """0: the test set is evaluated with the training set at every evaluation. K > 0: only at epochs 1, 2, 4,
+    8, ..., every K-th, the last, and where the run stops or keeps a snapshot (the test set stops nothing;
+    a study whose test set is much larger than its training set spends most of its evaluation time on it).
+    The trained model and run.json's results are the same either way; the history has fewer test points
+    (not part of the run's identity)."""
     checkpoint_every: int = 1
     """Epochs between epoch checkpoints (a preempted or killed run resumes from the last one, replaying the
     epochs after it exactly). Writing one costs about as much as an epoch of a small MLP on 500 images, so
@@ -266,6 +272,7 @@ class Study:
 
 
 EXECUTION_ONLY_KEYS = frozenset({"data.root", "data.download", "train.eval_batch_size", "train.checkpoint_every",
+                                 "train.test_every",
                                  "train.vectorize",
                                  "train.compile", "train.channels_last", "train.workers"})
 """Fields that change where the data come from or how a run is executed, never the model it trains:

@@ -21,9 +21,9 @@ What the copies do share is the run's random draws (`MeasureContext.draws`: the 
 noise, which depends on the run's seed and the parameters' shapes, not on their values): a copy reads the
 numbers it would draw alone instead of drawing them again (tests/study/test_audit.py checks every value
 against the copy measured alone).
-The finished runs are written to audit_population.csv after each run, and a later call with the same
-settings (measure config, family, model file) reuses them, so an interrupted audit goes on where it
-stopped (`fresh=True` / `--fresh` recomputes everything).
+The finished runs are written to audit_population.csv as they finish (`SAVE_COST_RATIO` spaces the rewrites
+of a large file), at the end and when interrupted, and a later call with the same settings (measure config, family, model file) reuses them, so
+an interrupted (or killed) audit goes on where it stopped (`fresh=True` / `--fresh` recomputes everything).
 
 Written to the experiment folder (or `--out`):
 
@@ -80,6 +80,12 @@ DEFAULT_MAX_FACTORS = (2.0, 100.0)
 """The population audit's factor ranges [1/F, F]: mild (F = 2) and harsh (F = 100)."""
 DEFAULT_DRAWS = 3
 """Random transformations per run and factor range."""
+SAVE_COST_RATIO = 20.0
+"""audit_population.csv is rewritten after a finished run once the time since its last rewrite is at least
+this many times what that rewrite took (and at the end, and when the audit is interrupted): a small audit
+is written after every run, a large one every few seconds, and the writing costs at most 1/20 of the
+audit's time. Rewriting the whole file after every run made the audit of a study of many runs quadratic
+(540 runs: about 15 million rows formatted); a killed audit loses at most 20 rewrites' time of work."""
 POPULATION_COLUMNS = ["run_id", "measure", "family", "max_factor", "draw", "original", "transformed",
                       "rel_change", "gap", "status", "note", "original_source", "function_change", "seconds",
                       "signature"]
@@ -273,9 +279,10 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
                      ) -> pd.DataFrame:
     """Transform every run `draws` times for each factor range (`max_factor`: one F, several, or a comma
     list; default 2 and 100), recompute the measures on every copy and compare their correlations with
-    the gap; returns the audit_correlations.csv rows. Finished runs are written after each run and reused
-    by a later call with the same settings (unless `fresh`). `workers`: runs audited at once, each in its
-    own process (default: the study's `measure.workers`); every row is the one a lone audit gives."""
+    the gap; returns the audit_correlations.csv rows. Finished runs are written as they finish
+    (`SAVE_COST_RATIO`) and reused by a later call with the same settings (unless `fresh`). `workers`: runs
+    audited at once, each in its own process (default: the study's `measure.workers`); every row is the one
+    a lone audit gives."""
     exp_dir = Path(exp_dir)
     fam, factors, draws = _checked_arguments(exp_dir, family, max_factor, draws)
     gap = gap or report_gap(exp_dir)
@@ -312,17 +319,21 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
         rows = [r for name in sorted(done, key=order.__getitem__) for r in sorted(done[name], key=canonical)]
         return pd.DataFrame(rows, columns=POPULATION_COLUMNS)
 
-    copy_seconds = 0.0
+    copy_seconds, written, write_cost = 0.0, -math.inf, 0.0
 
     def finished(job: tuple, result: tuple[list[dict[str, Any]], float]) -> None:
-        nonlocal copy_seconds
+        nonlocal copy_seconds, written, write_cost
         rows, seconds = result
         name = job[0].target.run_path.name
         done[name] = rows
         copy_seconds += seconds
         echo(f"  [{order[name] + 1}/{len(runs)}] {name} ({seconds:.1f}s, {seconds / (len(factors) * draws):.2f}s "
              "per copy)")
-        atomic_write_text(out / POPULATION_CSV, rows_so_far().to_csv(index=False))
+        start = time.monotonic()
+        if start - written >= SAVE_COST_RATIO * write_cost:
+            atomic_write_text(out / POPULATION_CSV, rows_so_far().to_csv(index=False))
+            written = time.monotonic()
+            write_cost = written - start
 
     try:
         if workers > 1 and len(todo) > 1:

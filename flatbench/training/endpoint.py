@@ -88,14 +88,29 @@ def epoch_record(model: nn.Module, ds: Any, cfg: RunConfig, epoch: int, stats: E
     """One history entry: the epoch's running train loss/accuracy (training mode, as the optimizer saw
     them), and at evaluation epochs (`evaluates_at`, given the run's `history` so far) the whole training
     set's loss/accuracy in eval mode on the labels trained on (`eval_train_*`, what the loss target and
-    snapshots use) and the test set's."""
+    snapshots use) and, where `tests_at` says so, the test set's."""
     record: dict[str, Any] = {"epoch": epoch, "train_loss": stats.loss, "train_acc": stats.acc, "lr": float(lr),
                               "seconds": round(seconds, 3)}
     if evaluates_at(cfg, epoch, stats.loss, history):
         bs = cfg.train.eval_batch_size
         record["eval_train_loss"], record["eval_train_acc"] = evaluate(model, ds.x_train, ds.y_train, bs)
-        record["test_loss"], record["test_acc"] = evaluate(model, ds.x_test, ds.y_test, bs)
+        if tests_at(cfg, epoch, record, history):
+            record["test_loss"], record["test_acc"] = evaluate(model, ds.x_test, ds.y_test, bs)
     return record
+
+
+def tests_at(cfg: RunConfig, epoch: int, record: dict[str, Any], history: list[dict] | tuple = ()) -> bool:
+    """Whether an evaluated epoch (its training-set evaluation in `record`) also evaluates the test set. The
+    test set stops nothing, so with `train.test_every` = K > 0 it is evaluated only where something is read
+    from it: epochs 1, 2, 4, 8, ... and every K-th (the curves), the last epoch, and any epoch at which the
+    run stops or keeps a snapshot (its accuracies and gaps). 0: at every evaluated epoch."""
+    t = cfg.train
+    if not t.test_every or epoch >= t.epochs or epoch & (epoch - 1) == 0 or epoch % t.test_every == 0:
+        return True
+    level = next_loss_level(cfg, list(history))
+    if level is not None and record["eval_train_loss"] <= level:
+        return True  # a snapshot level or the target loss reached: the run keeps a snapshot or stops here
+    return bool(target_met(cfg, running_acc=record["train_acc"], eval_loss=record["eval_train_loss"]))
 
 
 def target_met(cfg: RunConfig, *, running_acc: float | None, eval_loss: float | None) -> bool | None:

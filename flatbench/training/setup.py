@@ -34,10 +34,21 @@ def make_optimizer_for(params: Any, cfg: RunConfig) -> torch.optim.Optimizer:
     """The run's optimizer over `params` (also used on a vectorized group's stacked parameters: Adam and
     SGD act elementwise, so one optimizer over stacked tensors is one optimizer per run)."""
     t = cfg.train
+    params = list(params)
     if t.optimizer == "adam":
-        return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+        return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay, **_fused(params))
     return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, nesterov=t.nesterov,
                            weight_decay=t.weight_decay)
+
+
+def _fused(params: list[Any]) -> dict[str, bool]:
+    """Adam's fused kernel (one pass per parameter instead of a dozen tensor operations: a training step of
+    a small MLP 20-30% faster on the CPU, scripts/bench_train.py) where every parameter is a floating-point
+    tensor on the CPU or CUDA; the same update, rounded in another order."""
+    tensors = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+    ok = bool(tensors) and all(isinstance(p, torch.Tensor) and p.dtype.is_floating_point
+                               and p.device.type in ("cpu", "cuda") for p in tensors)
+    return {"fused": True} if ok else {}
 
 
 class InverseTimeDecay:

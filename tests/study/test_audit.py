@@ -365,3 +365,33 @@ def test_audit_rejects_bad_targets(experiment: Path) -> None:
         CliRunner().invoke(audit, [str(experiment), "--population", "--max-factor", "2,1"], catch_exceptions=False)
     with pytest.raises(FlatbenchError, match="--draws"):
         CliRunner().invoke(audit, [str(experiment), "--population", "--draws", "0"], catch_exceptions=False)
+
+
+def test_population_csv_is_rewritten_as_runs_finish_but_spaced_when_it_is_large(experiment: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """audit_population.csv is rewritten after a finished run once SAVE_COST_RATIO times the last rewrite's cost
+    has passed since it (a study of many runs was quadratic when every run rewrote it): with a ratio of 0
+    after every run, with a huge one only after the first run and at the end; the file is the same."""
+    from flatbench.study import population as population_mod
+
+    writes: list[int] = []
+    real = population_mod.atomic_write_text
+
+    def counting(path, text):
+        if Path(path).name == population_mod.POPULATION_CSV:
+            writes.append(text.count("\n"))
+        return real(path, text)
+
+    monkeypatch.setattr(population_mod, "atomic_write_text", counting)
+    monkeypatch.setattr(population_mod, "SAVE_COST_RATIO", 0.0)  # every rewrite free: after every run
+    first = _population(experiment, tmp_path / "each", "frobenius_norm", draws=1)
+    runs = len(list((experiment / "runs").iterdir()))
+    assert len(writes) == runs + 1 and writes == sorted(writes)  # after every run, then the final one
+    writes.clear()
+    monkeypatch.setattr(population_mod, "SAVE_COST_RATIO", 1e9)
+    spaced = _population(experiment, tmp_path / "spaced", "frobenius_norm", draws=1)
+    assert len(writes) == 2  # after the first run only (nothing had been written), then the final one
+    pd.testing.assert_frame_equal(first, spaced)
+    a = pd.read_csv(tmp_path / "each" / "audit_population.csv").drop(columns="seconds")
+    b = pd.read_csv(tmp_path / "spaced" / "audit_population.csv").drop(columns="seconds")
+    pd.testing.assert_frame_equal(a, b)

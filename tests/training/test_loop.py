@@ -115,6 +115,38 @@ def test_lazy_evaluation_skips_epochs_far_from_the_next_level_and_keeps_the_endp
             assert h["eval_train_loss"] == full["history"][h["epoch"] - 1]["eval_train_loss"]
 
 
+def test_test_every_evaluates_the_test_set_only_where_it_is_read_and_trains_the_same_model(tmp_path):
+    """train.test_every = K: the test set is evaluated at epochs 1, 2, 4, ..., every K-th, at every snapshot,
+    at the endpoint and at the last epoch, not at the other evaluations; the run's id, its weights, its
+    endpoint, its snapshots and its results are those of the run that tests at every evaluation."""
+    train = dict(epochs=200, lr=0.003, target_train_loss=0.05, snapshot_losses=[1.0, 0.3], lazy_eval=0)
+    rid, cfg = _tiny_run(**train, test_every=7)
+    rid0, cfg0 = _tiny_run(**train)
+    assert rid == rid0 and cfg.train.test_every == 7 and cfg0.train.test_every == 0
+    sparse, full = _train(rid, cfg, tmp_path / "sparse"), _train(rid0, cfg0, tmp_path / "full")
+    wa, wb = _weights(tmp_path / "sparse" / rid), _weights(tmp_path / "full" / rid0)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    for key in ("epochs", "train_loss", "train_acc", "test_loss", "test_acc", "gap_loss", "reached_target"):
+        assert sparse[key] == full[key], key
+    assert [s["level"] for s in sparse["snapshots"]] == [1.0, 0.3]
+    for a, b in zip(sparse["snapshots"], full["snapshots"]):
+        assert {k: v for k, v in a.items() if k != "model_sha256"} == {k: v for k, v in b.items()
+                                                                         if k != "model_sha256"}
+    last = sparse["epochs"]
+    assert last > 16, last
+    snapshot_epochs = {s["epoch"] for s in sparse["snapshots"]}
+    expected = {e for e in range(1, last + 1) if e & (e - 1) == 0 or e % 7 == 0} | snapshot_epochs | {last}
+    tested = {h["epoch"] for h in sparse["history"] if "test_acc" in h}
+    assert tested == expected, sorted(tested ^ expected)
+    assert all("test_acc" in h for h in full["history"])
+    for h in sparse["history"]:  # every point kept is the full run's
+        same = full["history"][h["epoch"] - 1]
+        assert h.get("test_acc", same["test_acc"]) == same["test_acc"] and h["eval_train_loss"] == same["eval_train_loss"]
+    from flatbench.errors import ConfigError
+    with pytest.raises(ConfigError, match="train.test_every must be 0"):
+        _tiny_run(test_every=-1)
+
+
 def test_next_loss_level_walks_down_the_snapshot_levels_to_the_target():
     from flatbench.training.endpoint import evaluates_at, next_loss_level
 
@@ -349,3 +381,27 @@ def test_checkpoint_every_k_epochs_resumes_from_the_last_one_to_the_same_weights
     a, b = _weights(tmp_path / "resumed" / rid), _weights(tmp_path / "straight" / rid)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3, 4, 5]
+
+
+def test_adam_uses_its_fused_kernel_on_float_parameters_and_sgd_is_unchanged():
+    """Adam's fused kernel (a training step of a small MLP 20-30% faster on the CPU) wherever the parameters
+    allow it: floating point, on the CPU or CUDA; it takes the same step as the reference loop, to rounding."""
+    from flatbench.training.setup import make_optimizer
+
+    _, adam = _tiny_run(lr=0.01, weight_decay=1e-3)
+    _, sgd = _tiny_run(optimizer="sgd")
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    reference = torch.nn.Sequential(*[torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3)])
+    reference.load_state_dict(model.state_dict())
+    fused = make_optimizer(model, adam)
+    assert fused.defaults["fused"] is True and not make_optimizer(model, sgd).defaults.get("fused")
+    plain = torch.optim.Adam(reference.parameters(), lr=0.01, weight_decay=1e-3, foreach=False)
+    x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
+    for _ in range(5):
+        for net, opt in ((model, fused), (reference, plain)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(a, torch.zeros_like(a))
