@@ -264,6 +264,9 @@ def compare(experiments: tuple[str, ...], out_dir: str) -> None:
 @click.option("--max-factor", "--max-factors", "max_factor", multiple=True,
               help="Factors are log-uniform in [1/F, F]. Run audit: one F (default 10). Population audit: one "
                    "or more ranges, repeated or comma-separated (default 2,100: mild and harsh).")
+@click.option("--declared", "declared_only", is_flag=True,
+              help="Population audit: only the measures that declare invariance to --family (e.g. a layer-wise "
+                   "audit of the layer-invariant measures beside a node-wise audit of all).")
 @click.option("--fresh", is_flag=True,
               help="Population audit: recompute every run (default: reuse the finished runs of an earlier or "
                    "interrupted audit with the same settings).")
@@ -274,8 +277,8 @@ def compare(experiments: tuple[str, ...], out_dir: str) -> None:
 @DEVICE
 @PLUGIN
 def audit(target: str, families: str, trials: int, measures: str | None, population: bool, family: str,
-          draws: int, max_factor: tuple[str, ...], fresh: bool, out_dir: str | None, workers: int | None,
-          device: str, plugins: tuple[str, ...]) -> None:
+          draws: int, max_factor: tuple[str, ...], declared_only: bool, fresh: bool, out_dir: str | None,
+          workers: int | None, device: str, plugins: tuple[str, ...]) -> None:
     """Check the measures under function-preserving transformations: TARGET is a run folder, or an
     experiment folder with --population."""
     # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
@@ -293,7 +296,8 @@ def audit(target: str, families: str, trials: int, measures: str | None, populat
     dev = resolve_device(device)
     if population:
         audit_population(path, family=family, measures=_names(measures), device=dev, max_factor=factors,
-                         draws=draws, out_dir=out, fresh=fresh, echo=click.echo, plugins=plugins, workers=workers)
+                         draws=draws, out_dir=out, fresh=fresh, echo=click.echo, plugins=plugins, workers=workers,
+                         declared_only=declared_only)
         return
     if not (path / RUN_JSON).is_file():
         hint = " (add --population to audit a whole experiment)" if (path / "runs").is_dir() else ""
@@ -302,6 +306,9 @@ def audit(target: str, families: str, trials: int, measures: str | None, populat
         raise FlatbenchError(f"the run audit takes one --max-factor, got {', '.join(f'{f:g}' for f in factors)}")
     if workers is not None:
         raise FlatbenchError("--workers is for the population audit (--population); the run audit measures one run")
+    if declared_only:
+        raise FlatbenchError("--declared is for the population audit (--population); the run audit marks the "
+                             "declared invariances in its table")
     audit_run(path, families=families, trials=trials, measures=_names(measures), device=dev,
               max_factor=factors[0] if factors else 10.0, out_dir=out, echo=click.echo, plugins=plugins)
 

@@ -94,7 +94,8 @@ def test_a_batchnorm_run_records_eval_mode_losses_of_the_model_it_saved(tmp_path
 
 
 EXPECTED_EXECUTION_ONLY = {"data.root", "data.download", "train.eval_batch_size", "train.checkpoint_every",
-                           "train.vectorize", "train.compile", "train.channels_last", "train.workers"}
+                           "train.test_every", "train.vectorize", "train.compile", "train.channels_last",
+                           "train.workers"}
 
 
 def _other_value(value: typing.Any, tp: typing.Any) -> typing.Any:

@@ -275,14 +275,16 @@ def population_correlations(per_run: pd.DataFrame, entries: list[Entry], family:
 def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str] | None = None,
                      device: torch.device | str = "cpu", max_factor: Any = None, draws: int = DEFAULT_DRAWS,
                      gap: str | None = None, out_dir: Path | None = None, fresh: bool = False,
-                     echo: Echo = print, plugins: tuple[str, ...] = (), workers: int | None = None
-                     ) -> pd.DataFrame:
+                     echo: Echo = print, plugins: tuple[str, ...] = (), workers: int | None = None,
+                     declared_only: bool = False) -> pd.DataFrame:
     """Transform every run `draws` times for each factor range (`max_factor`: one F, several, or a comma
     list; default 2 and 100), recompute the measures on every copy and compare their correlations with
     the gap; returns the audit_correlations.csv rows. Finished runs are written as they finish
     (`SAVE_COST_RATIO`) and reused by a later call with the same settings (unless `fresh`). `workers`: runs
     audited at once, each in its own process (default: the study's `measure.workers`); every row is the one
-    a lone audit gives."""
+    a lone audit gives. `declared_only`: only the entries whose measure declares invariance to the family
+    (e.g. a layer-wise audit of the measures that claim layer-wise invariance, beside the node-wise audit of
+    every measure)."""
     exp_dir = Path(exp_dir)
     fam, factors, draws = _checked_arguments(exp_dir, family, max_factor, draws)
     gap = gap or report_gap(exp_dir)
@@ -296,60 +298,34 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     if workers < 1:
         raise FlatbenchError(f"--workers must be at least 1, got {workers}")
     entries = plan_entries(measures, cfg)  # the plan, once: every entry and every run's context
+    if declared_only:
+        entries = [e for e in entries if declared_invariant(e.name, fam)]
+        if not entries:
+            raise FlatbenchError(f"--declared: none of the study's measures declares invariance to the {fam} family")
     contexts, settings = plan_contexts(runs, cfg), _settings_signature(cfg)
     out = Path(out_dir) if out_dir else exp_dir
     out.mkdir(parents=True, exist_ok=True)
     ranges = ", ".join(f"[1/{f:g}, {f:g}]" for f in factors)
     echo(f"population audit of {exp_dir.name}: {len(runs)} runs × {draws} {fam} transformation(s) for each "
          f"factor range {ranges} (log-uniform), {len(entries)} measure entries"
+         + (f" (those declared invariant to {fam})" if declared_only else "")
          + (f", {workers} worker processes" if workers > 1 else ""))
     previous = None if fresh else _previous_rows(out / POPULATION_CSV)
     done, todo = _split_reusable(contexts, previous, settings, cfg.plugins, entries, fam, factors, draws, gap_col,
                                  device, lambda line: echo(line + f" from {out / POPULATION_CSV}"))
-    order = {p.name: i for i, p in enumerate(runs)}
-    position = {entry.key: i for i, entry in enumerate(entries)}
-
-    def canonical(row: dict[str, Any]) -> tuple:
-        """A run's rows in one order however they were computed (fresh, reused after an interruption, or in
-        the dtype groups of a copy): by the study's measure order, then factor range and draw."""
-        return position.get(row["measure"], len(position)), str(row["measure"]), float(row["max_factor"]), \
-            int(row["draw"])
-
-    def rows_so_far() -> pd.DataFrame:
-        rows = [r for name in sorted(done, key=order.__getitem__) for r in sorted(done[name], key=canonical)]
-        return pd.DataFrame(rows, columns=POPULATION_COLUMNS)
-
-    copy_seconds, written, write_cost = 0.0, -math.inf, 0.0
-
-    def finished(job: tuple, result: tuple[list[dict[str, Any]], float]) -> None:
-        nonlocal copy_seconds, written, write_cost
-        rows, seconds = result
-        name = job[0].target.run_path.name
-        done[name] = rows
-        copy_seconds += seconds
-        echo(f"  [{order[name] + 1}/{len(runs)}] {name} ({seconds:.1f}s, {seconds / (len(factors) * draws):.2f}s "
-             "per copy)")
-        start = time.monotonic()
-        if start - written >= SAVE_COST_RATIO * write_cost:
-            atomic_write_text(out / POPULATION_CSV, rows_so_far().to_csv(index=False))
-            written = time.monotonic()
-            write_cost = written - start
-
+    store = _RunRows(out / POPULATION_CSV, done, runs, entries, echo, copies=len(factors) * draws)
     try:
         if workers > 1 and len(todo) > 1:
-            run_jobs(audit_run_copies, todo, workers, torch.device(device), finished)
+            run_jobs(audit_run_copies, todo, workers, torch.device(device), store.finished)
         else:
             for job in todo:
-                finished(job, audit_run_copies(*job))
+                store.finished(job, audit_run_copies(*job))
     except KeyboardInterrupt:
-        if done:
-            atomic_write_text(out / POPULATION_CSV, rows_so_far().to_csv(index=False))
-            echo(f"interrupted: the {len(done)} finished run(s) are in {out / POPULATION_CSV}; run the same "
-                 "command again to go on")
+        store.interrupted()
         raise
-    corr = _write_outputs(out, rows_so_far(), entries, fam, factors, draws, gap)
+    corr = _write_outputs(out, store.frame(), entries, fam, factors, draws, gap)
     echo(format_correlations(corr, gap, fam))
-    computed, reused = len(todo), len(runs) - len(todo)
+    computed, reused, copy_seconds = len(todo), len(runs) - len(todo), store.copy_seconds
     if computed:
         echo(f"{computed} run(s) audited in {copy_seconds:.1f}s of worker time ({copy_seconds / computed:.1f}s per "
              f"run, {copy_seconds / (computed * len(factors) * draws):.2f}s per transformed copy)"
@@ -357,6 +333,52 @@ def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str]
     echo(f"wrote {out / CORRELATIONS_CSV}, {out / CORRELATIONS_PNG}, {out / DRAWS_CSV} and "
          f"{out / POPULATION_CSV}")
     return corr
+
+
+class _RunRows:
+    """The audit's finished runs, by run, and their file: each run's rows are kept as they arrive and
+    audit_population.csv is rewritten when a rewrite is due (`SAVE_COST_RATIO`), when the audit is
+    interrupted and at the end, always in one order (the study's runs; within a run, `canonical`), so an
+    interrupted and resumed audit writes the file an uninterrupted one writes."""
+
+    def __init__(self, path: Path, done: dict[str, list[dict[str, Any]]], runs: list[Path], entries: list[Entry],
+                 echo: Echo, copies: int):
+        self.path, self.done, self.echo, self.copies = path, done, echo, copies
+        self.order = {p.name: i for i, p in enumerate(runs)}
+        self.position = {entry.key: i for i, entry in enumerate(entries)}
+        self.copy_seconds, self.written, self.write_cost = 0.0, -math.inf, 0.0
+
+    def canonical(self, row: dict[str, Any]) -> tuple:
+        """A run's rows in one order however they were computed (fresh, reused after an interruption, or in
+        the dtype groups of a copy): by the study's measure order, then factor range and draw."""
+        return self.position.get(row["measure"], len(self.position)), str(row["measure"]), \
+            float(row["max_factor"]), int(row["draw"])
+
+    def frame(self) -> pd.DataFrame:
+        rows = [r for name in sorted(self.done, key=self.order.__getitem__)
+                for r in sorted(self.done[name], key=self.canonical)]
+        return pd.DataFrame(rows, columns=POPULATION_COLUMNS)
+
+    def finished(self, job: tuple, result: tuple[list[dict[str, Any]], float]) -> None:
+        """A run's rows arrived (from a worker or in process): keep them, say so, rewrite the file if due."""
+        rows, seconds = result
+        name = job[0].target.run_path.name
+        self.done[name] = rows
+        self.copy_seconds += seconds
+        self.echo(f"  [{self.order[name] + 1}/{len(self.order)}] {name} ({seconds:.1f}s, "
+                  f"{seconds / self.copies:.2f}s per copy)")
+        start = time.monotonic()
+        if start - self.written >= SAVE_COST_RATIO * self.write_cost:
+            atomic_write_text(self.path, self.frame().to_csv(index=False))
+            self.written = time.monotonic()
+            self.write_cost = self.written - start
+
+    def interrupted(self) -> None:
+        """Keep what is finished, so the same command goes on from there."""
+        if self.done:
+            atomic_write_text(self.path, self.frame().to_csv(index=False))
+            self.echo(f"interrupted: the {len(self.done)} finished run(s) are in {self.path}; run the same "
+                      "command again to go on")
 
 
 def _split_reusable(contexts: list[ContextPlan], previous: pd.DataFrame | None, settings: dict[str, Any],

@@ -105,6 +105,24 @@ def test_population_audit_cli_ranges_and_draws(experiment: Path, tmp_path: Path)
     assert list(c["max_factor"]) == [10.0] and "tau_draw_0" in c and "tau_draw_1" not in c
 
 
+def test_population_audit_declared_only_keeps_the_measures_declaring_the_family(experiment: Path,
+                                                                               tmp_path: Path) -> None:
+    """`--declared`: a layer-wise audit of the measures that claim layer-wise invariance (matrix-normalized and
+    normalized sharpness here), the others (the trace, the Frobenius norm) left out; none left is one error."""
+    _invoke(str(experiment), "--population", "--family", "layer", "--declared", "--measures", MEASURES,
+            "--max-factor", "10", "--draws", "1", "--out", str(tmp_path / "d"), "--device", "cpu")
+    rows = pd.read_csv(tmp_path / "d" / "audit_population.csv")
+    assert sorted(set(rows["measure"])) == ["matrix_normalized_sharpness", "normalized_sharpness"]
+    corr = pd.read_csv(tmp_path / "d" / "audit_correlations.csv")
+    assert corr["declared_invariant"].all()
+    result = CliRunner().invoke(audit, [str(experiment), "--population", "--family", "node", "--declared",
+                                        "--measures", "hessian_trace,frobenius_norm", "--out", str(tmp_path / "e"),
+                                        "--device", "cpu"])
+    assert "none of the study's measures declares invariance to the node" in str(result.exception)
+    result = CliRunner().invoke(audit, [str(next((experiment / "runs").iterdir())), "--declared"])
+    assert "--declared is for the population audit" in str(result.exception)
+
+
 def _population(experiment: Path, out: Path, measures: str, **kw):
     from flatbench.study.population import audit_population
 
