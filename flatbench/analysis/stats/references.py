@@ -78,8 +78,8 @@ def random_reference(ctx: RowContext, n_draws: int = N_RANDOM) -> tuple[dict[str
     ok = np.isfinite(ctx.gap)
     n = int(ok.sum())
     row = empty_row(RANDOM, "reference", True, n, 0, ctx.design.axes)
-    note = [f"reference: the mean over {n_draws} measures of pure noise (i.i.d. N(0, 1) per run); the intervals "
-            "are their 95% band (reference_bands.csv) (the floor)"]
+    note = [f"reference: the mean over {n_draws} measures of pure noise (i.i.d. N(0, 1) per run), its intervals "
+            "their 95% band (reference_bands.csv): the floor"]
     rng = np.random.default_rng([int(ctx.seed), RANDOM_STREAM])
     x = rng.standard_normal((n_draws, n))
     plan = ctx.plan(ok) if ctx.full else None
