@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -211,6 +212,13 @@ def _old_audit_range(exp: Path) -> str:
     return "factor range not recorded"
 
 
+def _audit_n(part: dict[float, dict], factors: list[float]) -> str:
+    """The runs with a value in each factor range: one number where the ranges agree, else one per range
+    ("24 / 1": every run at F = 2, one at F = 100), so that a range that lost runs is not read as the other's n."""
+    counts = [int(part[x]["n"]) if x in part else 0 for x in factors]
+    return str(counts[0]) if len(set(counts)) == 1 else " / ".join(map(str, counts))
+
+
 def audit(exp: Path) -> str:
     """The population audit: one row per measure. A current audit_correlations.csv (one row per measure and
     factor range, Δτ over several draws) gives, for each range, the mean Δτ and its [min, max] over the
@@ -254,13 +262,12 @@ def audit(exp: Path) -> str:
                 cells.append(f"{f(r['delta_mean'])} [{f(r['delta_min'])}, {f(r['delta_max'])}]{partial}")
             rel = float(r["median_rel_change"]) if r is not None else math.nan
             rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
-        counted = [int(r["n"]) for r in part.values() if int(r["n"]) > 0]  # a range with no copy says why in its cell
-        n = min(counted) if counted else 0
-        lines.append(f"| `{measure}` | {n} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
+        lines.append(f"| `{measure}` | {_audit_n(part, factors)} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
                      + " / ".join(rels) + f" | {'yes' if first['declared_invariant'] else 'no'} |")
     lines.append("")
     lines.append(f"{draws} random {family} transformations of every run for each factor range [1/F, F]; Δτ = τ after − "
-                 "τ before, one value per draw; the median relative change of the values is given per range.")
+                 "τ before, one value per draw; the median relative change of the values is given per range; n is "
+                 "the runs with a value, per range (" + " / ".join(f"F = {x:g}" for x in factors) + ") where they differ.")
     return "\n".join(lines)
 
 
@@ -377,7 +384,7 @@ def solvers(exp: Path) -> str:
             continue
         ratios = sorted(value(r, published) / value(r, exact) for r in records
                         if math.isfinite(value(r, published) / value(r, exact)))
-        median = ratios[len(ratios) // 2] if ratios else math.nan
+        median = statistics.median(ratios) if ratios else math.nan
         lines.append(f"| `{exact}` | {f(corr.loc[exact, 'kendall_tau'])} (p {p_text(corr.loc[exact, 'kendall_p'])}) | "
                      f"{f(corr.loc[published, 'kendall_tau'])} (p {p_text(corr.loc[published, 'kendall_p'])}) | "
                      f"{median:.3g} | {seconds(exact):.3f} | {seconds(published):.3f} |")
