@@ -169,11 +169,9 @@ def test_the_command_lines_of_a_page_parse(page):
 def test_the_results_pages_tables_are_the_committed_numbers(tmp_path):
     """Every marked table of docs/results/ is what `scripts/results_tables.py --update` writes from the
     committed studies today: refilling a copy changes nothing."""
-    import importlib.util
+    from project_scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "scripts" / "results_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("results_tables")
     pages = sorted((DOCS / "results").glob("*.md"))
     assert sum(p.read_text().count("<!-- table: ") for p in pages) >= 20
     for page in pages:

@@ -4,24 +4,19 @@ other's n), and the published/exact ratio's median a true median (the mean of th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pandas as pd
+from project_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tables():
-    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "scripts" / "results_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["results_tables"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("results_tables")
 
 
 def _audit_row(measure: str, factor: float, n: int, delta: float | None, status: str = "ok", note: str = "") -> dict:

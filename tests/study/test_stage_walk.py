@@ -7,21 +7,16 @@ stage reads the study once, into its plan, on a fresh study as on a finished one
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
+from project_scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _walker():
-    spec = importlib.util.spec_from_file_location("walk_stage", ROOT / "scripts" / "walk_stage.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["walk_stage"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("walk_stage")
 
 
 def _study(tmp_path: Path, runs: int):
