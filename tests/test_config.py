@@ -155,15 +155,14 @@ def test_empty_config_file_is_refused(tmp_path):
 
 def test_config_reference_lists_every_key():
     import dataclasses
-    import importlib.util
     from pathlib import Path
+
+    from project_scripts import load_script
 
     from flatbench.config import SECTIONS
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "readme_tables.py"
-    spec = importlib.util.spec_from_file_location("readme_tables", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("readme_tables")
     table = module.config_reference()
     page = (path.parents[1] / "docs" / "guide" / "configs.md").read_text()
     assert "<!-- generated: config-reference -->" in page  # the site's build puts the table there
