@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -212,13 +213,6 @@ def _old_audit_range(exp: Path) -> str:
     return "factor range not recorded"
 
 
-def _audit_n(part: dict[float, dict], factors: list[float]) -> str:
-    """The runs with a value in each factor range: one number where the ranges agree, else one per range
-    ("24 / 1": every run at F = 2, one at F = 100), so that a range that lost runs is not read as the other's n."""
-    counts = [int(part[x]["n"]) if x in part else 0 for x in factors]
-    return str(counts[0]) if len(set(counts)) == 1 else " / ".join(map(str, counts))
-
-
 def audit(exp: Path) -> str:
     """The population audit: one row per measure. A current audit_correlations.csv (one row per measure and
     factor range, Δτ over several draws) gives, for each range, the mean Δτ and its [min, max] over the
@@ -227,6 +221,9 @@ def audit(exp: Path) -> str:
     path = exp / "audit_correlations.csv"
     if not path.is_file():
         return ""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from flatbench.analysis.audit_tables import runs_per_range
+
     frame = pd.read_csv(path)
     family = "/".join(sorted(set(frame["family"].astype(str)))) if "family" in frame else "node"
     if "max_factor" not in frame:  # the old single-draw audit
@@ -262,7 +259,7 @@ def audit(exp: Path) -> str:
                 cells.append(f"{f(r['delta_mean'])} [{f(r['delta_min'])}, {f(r['delta_max'])}]{partial}")
             rel = float(r["median_rel_change"]) if r is not None else math.nan
             rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
-        lines.append(f"| `{measure}` | {_audit_n(part, factors)} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
+        lines.append(f"| `{measure}` | {runs_per_range(part, factors)} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
                      + " / ".join(rels) + f" | {'yes' if first['declared_invariant'] else 'no'} |")
     lines.append("")
     lines.append(f"{draws} random {family} transformations of every run for each factor range [1/F, F]; Δτ = τ after − "
@@ -284,8 +281,6 @@ def endpoint(exp: Path) -> str:
 def by_model(exp: Path) -> str:
     """Kendall τ of every measure on each model's runs alone (when the study has several models): a τ
     pooled over architectures also ranks the architectures, which a measure's scale can win or lose."""
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from flatbench.analysis.stats import analyze
     from flatbench.analysis.table import build_table, load_records
@@ -321,8 +316,6 @@ def by_model(exp: Path) -> str:
 def levels_by_model(exp: Path) -> str:
     """Each measure's τ at every snapshot level and at the final models, on each model's runs alone, with
     the train-loss range of the runs at each level (the README's "Training endpoint" table)."""
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from flatbench.analysis.report import level_correlations, snapshot_records
     from flatbench.analysis.stats import analyze
@@ -358,8 +351,6 @@ def levels_by_model(exp: Path) -> str:
 def solvers(exp: Path) -> str:
     """The exact solvers beside the published procedure (10,000 SGD steps, `:published`): τ and seconds per
     model of each, and how far above the exact optimum the published values end (median ratio)."""
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from flatbench.analysis.table import load_records
 
@@ -406,8 +397,6 @@ def _declared_node_invariant(key: str) -> str:
     """From the registry, for a measure no audit covered: is `node` among its declared invariances? n/a for a
     variant (`name:variant`): it shares its measure's declaration, which an early-stopped published solver
     need not hold."""
-    import sys
-
     if ":" in key.partition("@")[0]:
         return "n/a"
 

@@ -53,3 +53,15 @@ def test_the_solver_table_median_is_the_median_of_the_committed_ratios():
     assert len(ratios) % 2 == 0 and len(ratios) >= 2
     row = next(r for r in _tables().solvers(exp).splitlines() if r.startswith("| `normalized_sharpness` "))
     assert row.split("|")[4].strip() == f"{statistics.median(ratios):.3g}"
+
+
+def test_the_printed_audit_gives_n_per_range_where_the_ranges_differ():
+    """`flatbench audit --population`'s printed table (audit.log) says n the same way as the docs table."""
+    from flatbench.analysis.audit_tables import format_correlations
+
+    rows = [_audit_row("a", 2.0, 24, -0.1), _audit_row("a", 100.0, 0, None, "no_transformed"),
+            _audit_row("b", 2.0, 24, 0.0), _audit_row("b", 100.0, 24, 0.05)]
+    text = format_correlations(pd.DataFrame(rows), "acc", "node")
+    cells = {line.split()[0]: " ".join(line.split("  +")[0].split()[1:]) for line in text.splitlines()
+             if line.startswith(("a ", "b "))}
+    assert cells == {"a": "24 / 0", "b": "24"}, text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -138,6 +139,14 @@ def _fmt(v: float) -> str:
     return "n/a" if not math.isfinite(float(v)) else f"{float(v):+.3f}"
 
 
+def runs_per_range(by_factor: dict[float, Any], factors: list[float]) -> str:
+    """The runs with a value in each factor range (`by_factor`: each range's audit_correlations row): one
+    number where the ranges agree, else one per range ("24 / 1": every run at F = 2, one at F = 100), so
+    that a range that lost runs is not read as the other's n."""
+    counts = [int(by_factor[f]["n"]) if f in by_factor else 0 for f in factors]
+    return str(counts[0]) if len(set(counts)) <= 1 else " / ".join(map(str, counts))
+
+
 def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
     """The printed summary: per measure, τ_original and, for each factor range, the mean Δτ over the
     draws with its [min, max]; n/a where no transformed value exists (never 0)."""
@@ -146,8 +155,12 @@ def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
     factors = factor_ranges(frame)
     draws = int(frame["n_draws"].max()) if len(frame) else 0
     width = max([len("measure")] + [len(str(m)) for m in frame["measure"]])
+    runs = {m: runs_per_range({float(r["max_factor"]): r for r in part.to_dict(orient="records")}, factors)
+            if factors and not math.isnan(factors[0]) else str(int(part["n"].min()))
+            for m, part in frame.groupby("measure", sort=False)}
+    nw = max([3] + [len(t) for t in runs.values()])
     cell = 26
-    head = (f"{'measure':{width}}  {'n':>3}  {'τ original':>10}  "
+    head = (f"{'measure':{width}}  {'n':>{nw}}  {'τ original':>10}  "
             + "  ".join(f"{'Δτ ' + range_label(f) + ' mean [min, max]':>{cell}}" for f in factors)
             + "  median rel. change (per range)")
     what = (f"one {family} transformation per run ({OLD_FORMAT})" if old else
@@ -175,10 +188,9 @@ def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
                 mark = "!"
             rel = float(r["median_rel_change"]) if r is not None else float("nan")
             rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
-        n = int(part["n"].min())
-        lines.append(f"{measure:{width}}  {n:>3}  {_fmt(first['tau_original']):>10}  " + "  ".join(cells)
+        lines.append(f"{measure:{width}}  {runs[measure]:>{nw}}  {_fmt(first['tau_original']):>10}  " + "  ".join(cells)
                      + f"  {' / '.join(rels)}{mark}")
     lines.append(f"* declared invariant to {family}; ! declared invariant but τ moved by more than "
                  f"{DELTA_TOL:g} under some draw; n/a: no τ (status no_original, no_transformed), never "
-                 "shown as 0")
+                 "shown as 0; n: the runs with a value, per range where the ranges differ")
     return "\n".join(lines)
