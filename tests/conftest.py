@@ -21,6 +21,22 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # shared 2-core machine. Subprocesses (the real CLI) keep torch's default.
 torch.set_num_threads(1)
 
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registry_as_before():
+    """The measure registry as it was before each test module: a plugin a module loads in this process (a
+    docs example, a broken measure of the isolation tests) is gone after it, so that a later module's `all`
+    (the committed studies' configs say `all`) never includes it."""
+    from flatbench.measures import all_measures, specs
+
+    all_measures()
+    saved = dict(specs.REGISTERED)
+    yield
+    specs.REGISTERED.clear()
+    specs.REGISTERED.update(saved)
+
+
 TINY = {
     "name": "tiny",
     "seed": 0,

@@ -98,19 +98,6 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _registry_as_before():
-    """The plugin's measures, loaded in this process by the in-process CLI calls, are removed after this
-    module: a later test's `all` must not include `bad_info` and the other broken measures."""
-    from flatbench.measures import all_measures, specs
-
-    all_measures()
-    saved = dict(specs.REGISTERED)
-    yield
-    specs.REGISTERED.clear()
-    specs.REGISTERED.update(saved)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny trained and measured study (never modified: tests copy it) and the hostile plugin file."""

@@ -7,7 +7,6 @@ stage reads the study once, into its plan, on a fresh study as on a finished one
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
@@ -100,45 +99,3 @@ def test_the_train_stage_reads_the_study_once_then_trains_from_its_plan(tmp_path
     assert four["returns"] == 0 and max(four["entered"].values()) == 1, four
     assert four["sequence"][0] == "study/train.py" and four["sequence"][-1] == "measures/runner.py", four
 
-
-# What the compute loop may call per computed entry: the typing of a measure's result (the registry's
-# `as_output`, `as_value`) and a spec's name. Every other call into the registry or a spec is planning.
-PER_RESULT = {"as_output", "as_value", "base_name"}
-
-
-def _registry_calls(tmp_path: Path, runs: int) -> dict:
-    """Calls into measures/registry.py and measures/specs.py while `measure_study` measures a trained study of
-    `runs` runs, by function (a comprehension named after the function it runs in)."""
-    from collections import Counter
-
-    from flatbench.study.measure import measure_study
-
-    study = _trained(tmp_path, runs)
-    calls: Counter = Counter()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.endswith(("measures/registry.py", "measures/specs.py")):
-            name = frame.f_code.co_name
-            if name.startswith("<"):  # a comprehension: under the function it runs in
-                name = f"{frame.f_back.f_code.co_name}/{name}"
-            calls[(Path(frame.f_code.co_filename).name, name)] += 1
-
-    sys.setprofile(profile)
-    try:
-        measure_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None)
-    finally:
-        sys.setprofile(None)
-    return dict(calls)
-
-
-def test_the_measure_stage_plans_from_the_registry_once_per_study(tmp_path):
-    """Issue 31: the measure stage's plan is built once: the registry and the specs are looked up as often for a
-    study of 5 runs as for one of 2 (names resolved once, settings checked once, each measure fetched once);
-    only the typing of each computed result grows with the runs."""
-    two = _registry_calls(tmp_path / "two", 2)
-    five = _registry_calls(tmp_path / "five", 5)
-    planning = {k for k in two.keys() | five.keys() if k[1].split("/")[0] not in PER_RESULT}
-    assert {k[1] for k in planning} >= {"resolve_names", "get_measure", "settings"}, planning
-    assert {k: two.get(k) for k in planning} == {k: five.get(k) for k in planning}
-    assert two[("registry.py", "resolve_names")] == 1 and five[("registry.py", "resolve_names")] == 1
-    assert five[("registry.py", "as_output")] == 5 * two[("registry.py", "as_output")] // 2  # one per entry and run
