@@ -246,9 +246,10 @@ def audit(exp: Path) -> str:
     for measure in dict.fromkeys(frame["measure"]):
         part = {float(r["max_factor"]): r for r in frame[frame["measure"] == measure].to_dict(orient="records")}
         first = next(iter(part.values()))
-        cells, rels = [], []
+        cells, rels, counts = [], [], []
         for x in factors:
             r = part.get(x)
+            counts.append(int(r["n"]) if r is not None else 0)
             if r is None or not math.isfinite(float(r["delta_mean"])):
                 note = r.get("note") if r is not None else None  # e.g. "error on 66 of 66 copies", where the
                 why = note if isinstance(note, str) and not note.startswith(str(r["status"])) else (r or {}).get("status")  # status alone says less
@@ -259,7 +260,7 @@ def audit(exp: Path) -> str:
                 cells.append(f"{f(r['delta_mean'])} [{f(r['delta_min'])}, {f(r['delta_max'])}]{partial}")
             rel = float(r["median_rel_change"]) if r is not None else math.nan
             rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
-        lines.append(f"| `{measure}` | {runs_per_range(part, factors)} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
+        lines.append(f"| `{measure}` | {runs_per_range(counts)} | {f(first['tau_original'])} | " + " | ".join(cells) + " | "
                      + " / ".join(rels) + f" | {'yes' if first['declared_invariant'] else 'no'} |")
     lines.append("")
     lines.append(f"{draws} random {family} transformations of every run for each factor range [1/F, F]; Δτ = τ after − "

@@ -22,7 +22,6 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 torch.set_num_threads(1)
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _registry_as_before():
     """The measure registry as it was before each test module: a plugin a module loads in this process (a

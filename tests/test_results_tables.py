@@ -15,10 +15,6 @@ from project_scripts import load_script
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tables():
-    return load_script("results_tables")
-
-
 def _audit_row(measure: str, factor: float, n: int, delta: float | None, status: str = "ok", note: str = "") -> dict:
     ok = delta is not None
     return dict(measure=measure, family="node", max_factor=factor, n_draws=3, n_draws_ok=3 if ok else 0, n=n,
@@ -32,7 +28,7 @@ def test_the_audit_table_gives_n_per_range_where_the_ranges_differ(tmp_path):
     rows = [_audit_row("a", 2.0, 24, -0.1), _audit_row("a", 100.0, 1, None, "no_transformed", "error on 63 of 72 copies"),
             _audit_row("b", 2.0, 24, 0.0), _audit_row("b", 100.0, 24, 0.05)]
     pd.DataFrame(rows).to_csv(tmp_path / "audit_correlations.csv", index=False)
-    table = _tables().audit(tmp_path)
+    table = load_script("results_tables").audit(tmp_path)
     line = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()
             if r.startswith("| `")}
     assert line["`a`"][1] == "24 / 1" and "error on 63 of 72 copies" in line["`a`"][4], line
@@ -51,7 +47,7 @@ def test_the_solver_table_median_is_the_median_of_the_committed_ratios():
         if exact.get("status") == published.get("status") == "ok":
             ratios.append(published["values"]["normalized_sharpness:published"] / exact["values"]["normalized_sharpness"])
     assert len(ratios) % 2 == 0 and len(ratios) >= 2
-    row = next(r for r in _tables().solvers(exp).splitlines() if r.startswith("| `normalized_sharpness` "))
+    row = next(r for r in load_script("results_tables").solvers(exp).splitlines() if r.startswith("| `normalized_sharpness` "))
     assert row.split("|")[4].strip() == f"{statistics.median(ratios):.3g}"
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -139,11 +138,10 @@ def _fmt(v: float) -> str:
     return "n/a" if not math.isfinite(float(v)) else f"{float(v):+.3f}"
 
 
-def runs_per_range(by_factor: dict[float, Any], factors: list[float]) -> str:
-    """The runs with a value in each factor range (`by_factor`: each range's audit_correlations row): one
-    number where the ranges agree, else one per range ("24 / 1": every run at F = 2, one at F = 100), so
-    that a range that lost runs is not read as the other's n."""
-    counts = [int(by_factor[f]["n"]) if f in by_factor else 0 for f in factors]
+def runs_per_range(counts: list[int]) -> str:
+    """The runs with a value in each factor range: one number where the ranges agree, else one per range
+    ("24 / 1": every run at F = 2, one at F = 100), so that a range that lost runs is not read as the
+    other's n."""
     return str(counts[0]) if len(set(counts)) <= 1 else " / ".join(map(str, counts))
 
 
@@ -155,27 +153,18 @@ def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
     factors = factor_ranges(frame)
     draws = int(frame["n_draws"].max()) if len(frame) else 0
     width = max([len("measure")] + [len(str(m)) for m in frame["measure"]])
-    runs = {m: runs_per_range({float(r["max_factor"]): r for r in part.to_dict(orient="records")}, factors)
-            if factors and not math.isnan(factors[0]) else str(int(part["n"].min()))
-            for m, part in frame.groupby("measure", sort=False)}
-    nw = max([3] + [len(t) for t in runs.values()])
     cell = 26
-    head = (f"{'measure':{width}}  {'n':>{nw}}  {'τ original':>10}  "
-            + "  ".join(f"{'Δτ ' + range_label(f) + ' mean [min, max]':>{cell}}" for f in factors)
-            + "  median rel. change (per range)")
-    what = (f"one {family} transformation per run ({OLD_FORMAT})" if old else
-            f"{draws} {family} transformation(s) per run for each factor range "
-            + ", ".join(f"[1/{f:g}, {f:g}]" for f in factors))
-    lines = [f"Kendall τ with the {gap} gap, before and after {what}", head, "-" * len(head)]
     flagged = {(m, f) for m, f, _ in invariance_breaks(frame)}
+    rows = []  # (measure, n, τ original, the range cells, the median relative changes, mark)
     for measure in dict.fromkeys(frame["measure"]):
         part = frame[frame["measure"] == measure]
         by_f = {float(r["max_factor"]): r for r in part.to_dict(orient="records")}
         first = part.iloc[0]
-        cells, rels = [], []
+        cells, rels, counts = [], [], []
         mark = "*" if bool(first["declared_invariant"]) else " "
         for f in factors:
             r = by_f.get(f) if not math.isnan(f) else part.iloc[0].to_dict()
+            counts.append(int(r["n"]) if r is not None else 0)
             if r is None or not math.isfinite(float(r["delta_mean"])):
                 status = "n/a" if r is None else f"n/a ({r['status']})"
                 cells.append(f"{status:>{cell}}")
@@ -188,8 +177,17 @@ def format_correlations(corr: pd.DataFrame, gap: str, family: str) -> str:
                 mark = "!"
             rel = float(r["median_rel_change"]) if r is not None else float("nan")
             rels.append("n/a" if not math.isfinite(rel) else f"{rel:.1e}")
-        lines.append(f"{measure:{width}}  {runs[measure]:>{nw}}  {_fmt(first['tau_original']):>10}  " + "  ".join(cells)
-                     + f"  {' / '.join(rels)}{mark}")
+        rows.append((measure, runs_per_range(counts), _fmt(first["tau_original"]), cells, rels, mark))
+    nw = max([3] + [len(row[1]) for row in rows])
+    head = (f"{'measure':{width}}  {'n':>{nw}}  {'τ original':>10}  "
+            + "  ".join(f"{'Δτ ' + range_label(f) + ' mean [min, max]':>{cell}}" for f in factors)
+            + "  median rel. change (per range)")
+    what = (f"one {family} transformation per run ({OLD_FORMAT})" if old else
+            f"{draws} {family} transformation(s) per run for each factor range "
+            + ", ".join(f"[1/{f:g}, {f:g}]" for f in factors))
+    lines = [f"Kendall τ with the {gap} gap, before and after {what}", head, "-" * len(head)]
+    lines += [f"{measure:{width}}  {n:>{nw}}  {tau:>10}  " + "  ".join(cells) + f"  {' / '.join(rels)}{mark}"
+              for measure, n, tau, cells, rels, mark in rows]
     lines.append(f"* declared invariant to {family}; ! declared invariant but τ moved by more than "
                  f"{DELTA_TOL:g} under some draw; n/a: no τ (status no_original, no_transformed), never "
                  "shown as 0; n: the runs with a value, per range where the ranges differ")

@@ -13,7 +13,6 @@ import torch
 from project_scripts import load_script
 
 
-
 def _walker():
     return load_script("walk_stage")
 
@@ -98,4 +97,3 @@ def test_the_train_stage_reads_the_study_once_then_trains_from_its_plan(tmp_path
     assert four["sequence"] == two["sequence"] == resumed["sequence"], (two, four, resumed)
     assert four["returns"] == 0 and max(four["entered"].values()) == 1, four
     assert four["sequence"][0] == "study/train.py" and four["sequence"][-1] == "measures/runner.py", four
-
