@@ -15,6 +15,7 @@ loss says so in `reason`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -184,7 +185,8 @@ def _measure_net(net: nn.Module, x: Tensor, y: Tensor, *, names: list[str], sett
     parameter trainable."""
     net.eval()
     for p in net.parameters():
-        p.requires_grad_(True)
+        if not p.requires_grad:
+            p.requires_grad_(True)
     if hvp_mode != "auto":
         use_hvp_mode(net, hvp_mode)
     num_classes = trial_forward(net, x, y, loss_fn)
@@ -239,6 +241,13 @@ _TEXT = pd.Series(["x"]).dtype
 """The dtype pandas gives a column of Python strings (`str` from pandas 3 on, `object` before)."""
 
 
+@functools.cache
+def _column_index() -> Any:
+    """The frame's column labels, made once (an Index is immutable, so frames can share it; making one of
+    strings costs about 35 µs, a quarter of the frame)."""
+    return pd.Index(list(COLUMNS))
+
+
 def _frame(rows: list[tuple[str, str, float, str, str, float]]) -> Any:
     """`pd.DataFrame(rows, columns=COLUMNS)`, built from its six typed columns: the same frame (dtypes
     included, tests/test_api.py checks it) in a third of the time, which matters beside a measure of a few
@@ -248,7 +257,7 @@ def _frame(rows: list[tuple[str, str, float, str, str, float]]) -> Any:
     try:
         arrays = [pd.array(list(col), dtype=_TEXT) if kind is str else np.array(col, dtype=float)
                   for col, kind in zip(columns, (str, str, float, str, str, float))]
-        return pd.DataFrame._from_arrays(arrays, columns=pd.Index(list(COLUMNS)), index=pd.RangeIndex(len(rows)),
+        return pd.DataFrame._from_arrays(arrays, columns=_column_index(), index=pd.RangeIndex(len(rows)),
                                          verify_integrity=False)
     except (AttributeError, TypeError, ValueError):  # another pandas: its public constructor
         return pd.DataFrame(rows, columns=list(COLUMNS))

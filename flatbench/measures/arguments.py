@@ -93,7 +93,8 @@ def trial_forward(net: nn.Module, x: Tensor, y: Tensor, loss_fn: Any) -> int:
                              f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__} for "
                              f"{sample.shape[0]} examples")
     classes = int(out.shape[1])
-    if int(y.max()) >= classes or int(y.min()) < 0:
+    low, high = (int(v) for v in torch.aminmax(y))
+    if high >= classes or low < 0:
         raise FlatbenchError(f"targets must lie in 0..{classes - 1} (the model has {classes} outputs)")
     try:
         with torch.no_grad():

@@ -50,15 +50,19 @@ class InPlace:
     def __enter__(self) -> nn.Module:
         self.modes = [(m, m.training) for m in self.model.modules()]
         self.params = [(p, p.requires_grad, p.grad) for p in self.model.parameters()]
-        for p, _, _ in self.params:
-            p.grad = None
+        for p, _, grad in self.params:
+            if grad is not None:
+                p.grad = None
         return self.model
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         for module, training in self.modes:
             module.training = training
-        for p, flag, grad in self.params:
-            p.grad = None  # before the flag: a gradient cannot stay on a parameter made untrainable
-            p.requires_grad_(flag)
-            p.grad = grad
+        for p, flag, grad in self.params:  # each setter only where needed: a C call each, per parameter
+            if p.grad is not None:
+                p.grad = None  # before the flag: a gradient cannot stay on a parameter made untrainable
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+            if grad is not None:
+                p.grad = grad

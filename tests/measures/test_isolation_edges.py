@@ -189,3 +189,79 @@ def test_the_api_skips_its_copy_of_the_callers_model_only_when_nothing_of_the_ca
     assert not _only_flatbench_code(["frobenius_norm"], lambda logits, y: logits.sum(1))
     measure_records(model, _data(), ["_reach", "frobenius_norm"])
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+class _SelfWriting(nn.Module):
+    """A model of the caller's whose forward writes into its own weight through `.data`: a write the version
+    counters do not see."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = _model()
+
+    def forward(self, x):
+        self.body[0].weight.data[0, 0] += 1.0
+        return self.body(x)
+
+
+def test_the_version_counters_stand_in_for_the_bytes_only_where_flatbench_and_torch_code_alone_run(own_registry):
+    """`known_code`: torch.nn and flatbench modules without hooks. There a guard without `bitwise` takes an
+    unchanged version counter for unchanged bytes (a change through torch is still seen and undone, a change
+    put back exactly is none); a write through `.data`, which only code of the caller's can make, is seen
+    only bit for bit, so a model of the caller's class or a plugin measure is always compared bit for bit."""
+    from flatbench.measures.isolation import ModelGuard, known_code
+
+    net = _model()
+    assert known_code(net)
+    assert not known_code(_SelfWriting())
+    handle = net[2].register_forward_hook(lambda *_: None)
+    assert not known_code(net)
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda *_: None)
+    try:
+        assert not known_code(net)
+    finally:
+        handle.remove()
+    assert known_code(net)
+
+    weight = net[0].weight.detach().clone()
+    guard = ModelGuard(net, bitwise=False)
+    with torch.no_grad():
+        net[0].weight.mul_(2.0)
+    assert guard.change(net) == "parameter 0.weight"
+    guard.restore(net)
+    assert torch.equal(net[0].weight, weight)
+
+    guard = ModelGuard(net, bitwise=False)
+    with torch.no_grad():
+        net[0].weight.mul_(2.0).div_(2.0)  # the counter moves; the bytes are compared and found the same
+    assert net[0].weight._version > 0 and torch.equal(net[0].weight, weight) and guard.change(net) is None
+
+    guard = ModelGuard(net, bitwise=False)  # new data under a parameter moves no counter, but is seen
+    net[0].weight.data = net[0].weight.data * 2
+    assert guard.change(net) == "parameter 0.weight"
+    guard.restore(net)
+    net.double()
+    assert guard.change(net) == "parameter 0.bias, parameter 0.weight, parameter 2.bias and 1 more"
+    guard.restore(net)
+    assert net[0].weight.dtype == torch.float32 and torch.equal(net[0].weight, weight)
+
+    for bitwise, seen in ((False, False), (True, True)):
+        guard = ModelGuard(net, bitwise=bitwise)
+        net[0].weight.data[0, 0] += 1.0
+        assert (guard.change(net) is not None) is seen
+        net[0].weight.data.copy_(weight)
+
+    # Through the measure stage: a built-in measure on a model whose own forward writes through `.data` is an
+    # error (compared bit for bit), as is a plugin measure writing through `.data` on a torch.nn model.
+    records = measure_records(_SelfWriting(), _data(), ["hessian_trace"])
+    assert records["hessian_trace"]["status"] == "error" and "changed the model" in records["hessian_trace"]["error"]
+
+    @flatbench.register_measure("_through_data", description="writes through .data")
+    def _through_data(ctx):
+        ctx.model[0].weight.data[0, 0] += 1.0
+        return 1.0
+
+    records = measure_records(_model(), _data(), ["_through_data", "frobenius_norm"])
+    assert records["_through_data"]["status"] == "error" and "changed the model" in records["_through_data"]["error"]
+    assert records["frobenius_norm"]["status"] == "ok"
