@@ -76,6 +76,24 @@ def test_cmi_with_ties_and_unbalanced_cells_by_brute_force(seed):
     assert math.isnan(withheld.score) and f"cells of {smallest} pair(s)" in withheld.reason
 
 
+def test_cmi_of_a_batch_across_chunks_is_each_measures_brute_force_score():
+    """`CMIPlan.scores` counts each table over the pairs i < j and adds its mirror image, a chunk of rows at
+    a time: a batch longer than a chunk (tied, constant and reversed measures among its rows) gives every
+    row its brute-force score over all ordered pairs."""
+    from flatbench.analysis.stats import cmi_plan
+
+    codes, gap, measure = _unbalanced(0)
+    rng = np.random.default_rng(5)
+    rows = [measure, -measure, np.ones_like(measure), gap]
+    rows += [np.round(gap + rng.normal(0, s, len(gap)), 1) for s in np.linspace(0.05, 2.0, 17)]
+    plan = cmi_plan(gap, codes, ["a", "b", "c"], min_pairs=1)
+    assert len(rows) > plan.ROWS_PER_CHUNK
+    _, names, per_set = plan.scores(np.stack(rows))
+    for row, name, scores in zip(rows, names, per_set):
+        brute, _ = _brute_cmi(row, gap, codes, ["a", "b", "c"])
+        assert scores == pytest.approx(brute, abs=1e-12) and scores[name] == min(scores.values())
+
+
 def test_cmi_pair_count_counts_a_diagonal_cell_once_per_unordered_pair():
     """An unbalanced cell of 3 runs at a = 0 next to 1 run at a = 1: conditioning on a, the cell (0, 0) holds
     3 unordered pairs (6 ordered), the off-diagonal cells (0, 1) and (1, 0) 3 each."""

@@ -799,3 +799,21 @@ def test_the_permutation_p_of_many_tied_runs_is_the_count_of_scipys_tau_over_the
         count = sum(abs(kendall_scipy(row, y[perm])) >= t_obs - 1e-12 for perm in perms)
         assert p == (count + 1) / (len(perms) + 1)
     assert got[2] < 0.01 < got[0]
+
+
+def test_the_replicate_p_value_keeps_its_pair_weights_per_bootstrap_and_pairs():
+    """The pairs' bootstrap weights are made once per (bootstrap, pairs) and shared by every measure: each
+    measure's p-value is that of a fresh bootstrap, and other pairs on the same bootstrap get their own."""
+    from flatbench.analysis.stats import replicate_pairs, replicate_pvalue, two_way_bootstrap
+
+    rng = np.random.default_rng(8)
+    cells, draws = np.repeat(np.arange(12), 10), np.tile(np.repeat(np.arange(5), 2), 12)
+    gap = rng.normal(size=len(cells))
+    pairs, other = replicate_pairs(gap, cells), replicate_pairs(gap, draws)
+    assert len(pairs.i) != len(other.i)
+    boot = two_way_bootstrap(cells, draws, 400, seed=1)
+    for measure in (gap + rng.normal(0, 0.5, len(gap)), -gap, rng.normal(size=len(gap))):
+        for p in (pairs, other):
+            shared = replicate_pvalue(p, measure, boot)
+            assert shared == replicate_pvalue(p, measure, two_way_bootstrap(cells, draws, 400, seed=1))
+            assert not math.isnan(shared[0])

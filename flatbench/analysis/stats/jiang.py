@@ -161,6 +161,10 @@ class _CMISet:
     h_g: np.ndarray
     weight: np.ndarray
     cond_h: float
+    base: np.ndarray
+    """(cell·2 + V_g)·3 of each pair (i < j): its place in the (cell, V_g, V_μ) table but for V_μ."""
+    mirror: np.ndarray
+    """The cell of (j, i) for each cell of (i, j): U_S with the two runs' values swapped."""
 
 
 @dataclass
@@ -175,28 +179,57 @@ class CMIPlan:
     min_pairs: int
     smallest_set: str
     reason: str
+    half: np.ndarray | None = None
+    """The ordered pairs with i < j: one of each mirror-image pair (`scores`)."""
+
+    ROWS_PER_CHUNK = 16
+    """Measures whose tables are counted at once (bounds the (rows, pairs) index arrays: 19 MB at 145k pairs)."""
 
     def scores(self, measures: np.ndarray) -> tuple[np.ndarray, list[str], list[dict[str, float]]]:
-        """(R,) scores (NaN with `reason`), the set attaining each, and each row's score per set."""
+        """(R,) scores (NaN with `reason`), the set attaining each, and each row's score per set.
+
+        The ordered pairs come in mirror images: (j, i) has the swapped cell, the other V_g and V_μ = 2 − V_μ
+        of (i, j). So each table is counted over the pairs i < j alone and its mirror image added
+        (`_CMISet.mirror`, both V axes reversed): the same integer counts as over every ordered pair, in half
+        the passes (the random reference's 200 measures over 291k pairs: 14 s before)."""
         x = np.atleast_2d(np.asarray(measures, dtype=float))
         r = len(x)
         if not self.sets:
             return np.full(r, np.nan), [""] * r, [{} for _ in range(r)]
-        vm = (np.sign(x[:, self.i] - x[:, self.j]) + 1).astype(np.int64)
-        rows = np.arange(r)[:, None]
+        i, j = self.i[self.half], self.j[self.half]
         table_scores = np.empty((r, len(self.sets)))
-        for k, s in enumerate(self.sets):
-            index = ((rows * s.n_cells + s.cell[None, :]) * 2 + self.vg[None, :]) * 3 + vm
-            table = np.bincount(index.ravel(), minlength=r * s.n_cells * 6).reshape(r, s.n_cells, 2, 3).astype(float)
-            h_m = entropy(table.sum(axis=2), base=2, axis=2)
-            h_joint = entropy(table.reshape(r, s.n_cells, 6), base=2, axis=2)
-            mi = np.maximum(s.h_g[None, :] + h_m - h_joint, 0.0)
-            table_scores[:, k] = (s.weight[None, :] * mi).sum(axis=1) / s.cond_h
+        for start in range(0, r, self.ROWS_PER_CHUNK):
+            chunk = x[start:start + self.ROWS_PER_CHUNK]
+            vm = (np.sign(chunk[:, i] - chunk[:, j]) + 1).astype(np.int64)
+            for k, s in enumerate(self.sets):
+                table_scores[start:start + len(chunk), k] = _set_scores(s, vm)
         best = np.argmin(table_scores, axis=1)
         names = [self.sets[b].name for b in best]
         per_set = [{s.name: float(table_scores[row, k]) for k, s in enumerate(self.sets)} for row in range(r)]
         score = table_scores[np.arange(r), best]
         return (np.full(r, np.nan) if self.reason else score), names, per_set
+
+
+def _set_scores(s: _CMISet, vm: np.ndarray) -> np.ndarray:
+    """Î(S) of each row of `vm` (V_μ of the pairs i < j) for the conditioning set `s` (`CMIPlan.scores`)."""
+    r, size = len(vm), s.n_cells * 6
+    index = vm + s.base[None, :]
+    index += (np.arange(r) * size)[:, None]
+    half = np.bincount(index.ravel(), minlength=r * size).reshape(r, s.n_cells, 2, 3)
+    table = (half + half[:, s.mirror, ::-1, ::-1]).astype(float)
+    h_m = entropy(table.sum(axis=2), base=2, axis=2)
+    h_joint = entropy(table.reshape(r, s.n_cells, 6), base=2, axis=2)
+    mi = np.maximum(s.h_g[None, :] + h_m - h_joint, 0.0)
+    return (s.weight[None, :] * mi).sum(axis=1) / s.cond_h
+
+
+def _mirror_cells(cell: np.ndarray, i: np.ndarray, j: np.ndarray, n_runs: int, n_cells: int) -> np.ndarray:
+    """For each cell of U_S, the cell of the mirror-image pairs: cell(j, i) for the pairs (i, j) in it."""
+    position = np.full((n_runs, n_runs), -1, dtype=np.int64)
+    position[i, j] = np.arange(len(i))
+    mirror = np.empty(n_cells, dtype=np.int64)
+    mirror[cell] = cell[position[j, i]]
+    return mirror
 
 
 def _pairs(gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,6 +268,7 @@ def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: i
     if not len(i):
         return CMIPlan(empty, empty, empty, [], 0, "", "the gap is constant")
     vg = (gap[i] > gap[j]).astype(np.int64)
+    half = i < j
     int_codes = {a: pd.factorize(codes[a])[0].astype(np.int64) for a in axes}
     cardinality = {a: int(int_codes[a].max()) + 1 for a in axes}
     sets: list[_CMISet] = []
@@ -255,7 +289,8 @@ def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: i
             weight = per_cell / per_cell.sum()
             cond_h = float((weight * h_g).sum())
             if cond_h > 1e-12:  # else S determines the ordering of every pair: nothing left to explain
-                sets.append(_CMISet(name, cell, n_cells, h_g, weight, cond_h))
+                sets.append(_CMISet(name, cell, n_cells, h_g, weight, cond_h, base=(cell[half] * 2 + vg[half]) * 3,
+                                    mirror=_mirror_cells(cell, i, j, len(gap), n_cells)))
     smallest = int(smallest) if smallest is not None else 0
     reason = ""
     if not sets:
@@ -263,7 +298,7 @@ def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: i
     elif smallest < min_pairs:
         reason = (f"conditioning on {smallest_set} leaves cells of {smallest} pair(s) of runs (fewer than "
                   f"{min_pairs}): there the plug-in mutual information is close to 1 for any measure, noise included")
-    return CMIPlan(i, j, vg, sets, smallest, smallest_set, reason)
+    return CMIPlan(i, j, vg, sets, smallest, smallest_set, reason, half=half)
 
 
 def conditional_mi(measure: np.ndarray, gap: np.ndarray, codes: pd.DataFrame, axes: list[str],
