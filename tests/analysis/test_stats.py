@@ -556,6 +556,36 @@ def test_bootstrap_pvalue_splits_an_atom_at_zero():
     assert bootstrap_pvalue(np.full(999, 0.3)) == pytest.approx(2 / 1000)
 
 
+def test_bootstrap_pvalue_counts_rounding_around_zero_as_the_atom():
+    """Differences equal in exact arithmetic come out 0 or ±1e-17 depending on the order of the sums; the p
+    is the same either way, and a real difference of 1e-6 still counts on its side."""
+    rng = np.random.default_rng(4)
+    d = np.concatenate([rng.uniform(-0.2, -0.01, 300), np.zeros(500), rng.uniform(0.01, 0.1, 200)])
+    noisy = d.copy()
+    noisy[300:800] = rng.choice([-1e-17, 0.0, 3e-16], 500)
+    assert bootstrap_pvalue(noisy) == bootstrap_pvalue(d) == pytest.approx(2 * (200 + 250 + 1) / 1001)
+    real = d.copy()
+    real[300:800] = -1e-6
+    assert bootstrap_pvalue(real) == pytest.approx(2 * (200 + 1) / 1001)
+
+
+def test_pair_sums_are_the_masked_quadratic_form_by_brute_force():
+    """`TwoWay.pair_sums` (the within-configuration and within-draw corrections a block at a time) against
+    Σ_{i<j} P_ij·M_ij with `pair_weights`' P_ij, on an unbalanced design with draws resampled."""
+    from flatbench.analysis.stats import two_way_bootstrap
+
+    cells = np.array([0, 0, 0, 1, 1, 2, 3, 3, 3, 3, 4, 5, 5, 6, 7, 7, 8, 9, 9, 10, 11, 11, 11, 12])
+    draws = np.arange(len(cells)) % 5
+    boot = two_way_bootstrap(cells, draws, 300, seed=2)
+    assert boot.draws_resampled
+    rng = np.random.default_rng(3)
+    m = rng.normal(size=(len(cells), len(cells)))
+    m = m + m.T
+    i, j = np.triu_indices(len(cells), 1)
+    brute = boot.pair_weights(i, j) @ m[i, j]
+    np.testing.assert_allclose(boot.pair_sums(m), brute, rtol=1e-12, atol=1e-9)
+
+
 def test_holm_matches_its_definition():
     rng = np.random.default_rng(20)
     p = rng.uniform(0, 0.1, 9)

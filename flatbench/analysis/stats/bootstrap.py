@@ -153,17 +153,34 @@ class TwoWay:
         w_run = self.cell_weights[:, self.cells]
         v_run = self.draw_weights[:, self.draws]
         out = np.einsum("bi,bi->b", self.weights @ m, self.weights)
-        same_cell = self.cells[:, None] == self.cells[None, :]
-        same_draw = self.draws[:, None] == self.draws[None, :]
         extra_w = w_run * w_run - self.alpha * w_run  # w² − α·w: F's correction on a pair of one configuration
         extra_v = v_run * v_run - self.beta * v_run
-        if same_cell[~np.eye(len(m), dtype=bool)].any():
-            out -= np.einsum("bi,bi->b", extra_w * v_run, v_run @ (m * same_cell))
+        cell_groups, draw_groups = self._groups()
+        if any(len(g) > 1 for g in cell_groups):
+            out -= _within(extra_w * v_run, v_run, m, cell_groups)
         if self.draws_resampled:
-            out -= np.einsum("bi,bi->b", extra_v * w_run, w_run @ (m * same_draw))
-            both = (m * same_cell * same_draw).sum(axis=1)
+            out -= _within(extra_v * w_run, w_run, m, draw_groups)
+            same_cell = self.cells[:, None] == self.cells[None, :]
+            both = (m * same_cell * (self.draws[:, None] == self.draws[None, :])).sum(axis=1)
             out += (extra_w * extra_v) @ both
         return 0.5 * out
+
+    def _groups(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The runs of each configuration and of each draw (index arrays), made once per bootstrap."""
+        if "groups" not in self.cache:
+            self.cache["groups"] = tuple([np.flatnonzero(ids == k) for k in np.unique(ids)]
+                                         for ids in (self.cells, self.draws))
+        return self.cache["groups"]
+
+
+def _within(left: np.ndarray, right: np.ndarray, m: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """(B,) Σ_i left[b, i] · Σ_j right[b, j] · M[j, i] over the pairs (i, j) within one group: the quadratic
+    form of M masked to its diagonal blocks, a block at a time (on the natural study's 540 runs in 5 draws a
+    fifth of the dense masked product's work; its 108 configurations' blocks of 5 runs next to nothing)."""
+    out = np.zeros(len(left))
+    for idx in groups:
+        out += np.einsum("bi,bi->b", left[:, idx], right[:, idx] @ m[np.ix_(idx, idx)])
+    return out
 
 
 def describe(n_runs: int, n_cells: int, n_draws: int, by_run: bool) -> str:
