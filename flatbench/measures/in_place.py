@@ -23,10 +23,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
-
-def _hooked(module: nn.Module) -> bool:
-    return any(getattr(module, attr, None) for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                          "_backward_pre_hooks"))
+from flatbench.measures.isolation import hooked
 
 
 def measurable_in_place(model: nn.Module, device: torch.device, dtype: torch.dtype, hvp_mode: str) -> bool:
@@ -36,7 +33,7 @@ def measurable_in_place(model: nn.Module, device: torch.device, dtype: torch.dty
         return False
     tensors = [*model.parameters(), *(b for b in model.buffers() if b is not None)]
     return (all(t.device == device and (t.dtype == dtype or not t.dtype.is_floating_point) for t in tensors)
-            and not any(_hooked(m) for m in model.modules()))
+            and not any(hooked(m) for m in model.modules()))
 
 
 class InPlace:

@@ -116,6 +116,12 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_
                  "_global_backward_pre_hooks")
 
 
+def hooked(module: nn.Module) -> bool:
+    """Whether a hook is registered on the module itself (forward, forward-pre, backward or backward-pre)."""
+    return any(getattr(module, attr, None) for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                        "_backward_pre_hooks"))
+
+
 def known_code(model: nn.Module) -> bool:
     """Whether running `model` runs only torch's and flatbench's code: every module a class of torch.nn or of
     flatbench, no hook on any module nor a global one (a hook, like a model class of the caller's, may write
@@ -124,9 +130,7 @@ def known_code(model: nn.Module) -> bool:
 
     if any(getattr(torch_module, name, None) for name in _GLOBAL_HOOKS):
         return False
-    return all(type(m).__module__.startswith(("torch.nn.", "flatbench."))
-               and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
-               for m in model.modules())
+    return all(type(m).__module__.startswith(("torch.nn.", "flatbench.")) and not hooked(m) for m in model.modules())
 
 
 class ModelGuard:

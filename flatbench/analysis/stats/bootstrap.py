@@ -155,22 +155,24 @@ class TwoWay:
         out = np.einsum("bi,bi->b", self.weights @ m, self.weights)
         extra_w = w_run * w_run - self.alpha * w_run  # w² − α·w: F's correction on a pair of one configuration
         extra_v = v_run * v_run - self.beta * v_run
-        cell_groups, draw_groups = self._groups()
+        cell_groups, draw_groups, same_both = self._blocks()
         if any(len(g) > 1 for g in cell_groups):
             out -= _within(extra_w * v_run, v_run, m, cell_groups)
         if self.draws_resampled:
             out -= _within(extra_v * w_run, w_run, m, draw_groups)
-            same_cell = self.cells[:, None] == self.cells[None, :]
-            both = (m * same_cell * (self.draws[:, None] == self.draws[None, :])).sum(axis=1)
-            out += (extra_w * extra_v) @ both
+            out += (extra_w * extra_v) @ (m * same_both).sum(axis=1)
         return 0.5 * out
 
-    def _groups(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The runs of each configuration and of each draw (index arrays), made once per bootstrap."""
-        if "groups" not in self.cache:
-            self.cache["groups"] = tuple([np.flatnonzero(ids == k) for k in np.unique(ids)]
-                                         for ids in (self.cells, self.draws))
-        return self.cache["groups"]
+    def _blocks(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """The runs of each configuration and of each draw (index arrays), and the (n, n) mask of the pairs of
+        one configuration and one draw: made once per bootstrap, for every measure's `pair_sums`."""
+        if "blocks" not in self.cache:
+            cell_groups, draw_groups = ([np.flatnonzero(ids == k) for k in np.unique(ids)]
+                                        for ids in (self.cells, self.draws))
+            same_both = ((self.cells[:, None] == self.cells[None, :])
+                         & (self.draws[:, None] == self.draws[None, :]))
+            self.cache["blocks"] = (cell_groups, draw_groups, same_both)
+        return self.cache["blocks"]
 
 
 def _within(left: np.ndarray, right: np.ndarray, m: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:

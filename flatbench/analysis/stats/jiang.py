@@ -223,12 +223,17 @@ def _set_scores(s: _CMISet, vm: np.ndarray) -> np.ndarray:
     return (s.weight[None, :] * mi).sum(axis=1) / s.cond_h
 
 
-def _mirror_cells(cell: np.ndarray, i: np.ndarray, j: np.ndarray, n_runs: int, n_cells: int) -> np.ndarray:
-    """For each cell of U_S, the cell of the mirror-image pairs: cell(j, i) for the pairs (i, j) in it."""
+def _mirror_pairs(i: np.ndarray, j: np.ndarray, n_runs: int) -> np.ndarray:
+    """The index of (j, i) among the ordered pairs, for each pair (i, j)."""
     position = np.full((n_runs, n_runs), -1, dtype=np.int64)
     position[i, j] = np.arange(len(i))
+    return position[j, i]
+
+
+def _mirror_cells(cell: np.ndarray, mirror_pair: np.ndarray, n_cells: int) -> np.ndarray:
+    """For each cell of U_S, the cell of the mirror-image pairs: cell(j, i) for the pairs (i, j) in it."""
     mirror = np.empty(n_cells, dtype=np.int64)
-    mirror[cell] = cell[position[j, i]]
+    mirror[cell] = cell[mirror_pair]
     return mirror
 
 
@@ -269,6 +274,7 @@ def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: i
         return CMIPlan(empty, empty, empty, [], 0, "", "the gap is constant")
     vg = (gap[i] > gap[j]).astype(np.int64)
     half = i < j
+    mirror_pair = _mirror_pairs(i, j, len(gap))
     int_codes = {a: pd.factorize(codes[a])[0].astype(np.int64) for a in axes}
     cardinality = {a: int(int_codes[a].max()) + 1 for a in axes}
     sets: list[_CMISet] = []
@@ -290,7 +296,7 @@ def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: i
             cond_h = float((weight * h_g).sum())
             if cond_h > 1e-12:  # else S determines the ordering of every pair: nothing left to explain
                 sets.append(_CMISet(name, cell, n_cells, h_g, weight, cond_h, base=(cell[half] * 2 + vg[half]) * 3,
-                                    mirror=_mirror_cells(cell, i, j, len(gap), n_cells)))
+                                    mirror=_mirror_cells(cell, mirror_pair, n_cells)))
     smallest = int(smallest) if smallest is not None else 0
     reason = ""
     if not sets:
