@@ -17,7 +17,7 @@ import torch
 import pytest
 import yaml
 
-from conftest import TINY, run_cli
+from conftest import TINY, in_process, run_cli
 from flatbench.config import load_study, parse_study
 
 RUN_IDS = sorted(parse_study(TINY).run_ids())
@@ -153,9 +153,9 @@ def test_another_lr_is_other_runs_and_the_old_ones_are_not_in_the_study(finished
     report = (exp / "report.md").read_text()
     for rid in RUN_IDS:
         assert re.search(rf"`{rid}`.*not in this study", report), rid
-    status = run_cli("status", str(exp))
+    status = in_process("status", str(exp))
     assert "3 run folder(s) not in this study" in status.stdout
-    both = run_cli("report", str(exp), "--include-stale", "--quiet")
+    both = in_process("report", str(exp), "--include-stale", "--quiet")
     assert both.returncode == 0, both.stderr
     assert sorted(pd.read_csv(exp / "table.csv")["run_id"]) == sorted(new_ids + RUN_IDS)
 
@@ -166,11 +166,11 @@ def test_hand_edited_run_json_is_refused_naming_the_keys(finished_study, tmp_pat
     info = json.loads(path.read_text())
     info["config"]["train"]["lr"] = 0.5
     path.write_text(json.dumps(info))
-    result = run_cli("train", str(cfg), "--out", str(exp.parent), "--device", "cpu")
+    result = in_process("train", str(cfg), "--out", str(exp.parent), "--device", "cpu")
     assert result.returncode == 2
     assert "train.lr: stored 0.5, expected 0.003" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    measured = run_cli("measure", str(exp), "--force", "--device", "cpu", "--quiet")
+    measured = in_process("measure", str(exp), "--force", "--device", "cpu", "--quiet")
     assert measured.returncode == 2 and f"{RUN_IDS[1]}/run.json describes run" in measured.stderr
 
 
@@ -182,9 +182,9 @@ def test_replaced_model_file_is_detected(finished_study, tmp_path):
     assert measured.returncode == 2 and "sha256 differs" in measured.stderr
     other = json.loads((exp / "runs" / RUN_IDS[1] / "measures.json").read_text())
     assert all(e["status"] == "ok" for e in other.values())  # the other run was measured
-    status = run_cli("status", str(exp))
+    status = in_process("status", str(exp))
     assert re.search(r"1\s+damaged", status.stdout) and "sha256 differs" in status.stdout
-    trained = run_cli("train", str(cfg), "--out", str(exp.parent), "--device", "cpu")
+    trained = in_process("train", str(cfg), "--out", str(exp.parent), "--device", "cpu")
     assert trained.returncode == 2 and "sha256 differs" in trained.stderr
 
 

@@ -65,7 +65,8 @@ def test_out_pointing_at_a_file(study, tmp_path, command):
     cfg, _ = study
     afile = tmp_path / "afile"
     afile.write_text("keep me")
-    result = run_cli(command, str(cfg), "--out", str(afile), "--device", "cpu")
+    run = run_cli if command == "run" else in_process  # one through a subprocess
+    result = run(command, str(cfg), "--out", str(afile), "--device", "cpu")
     one_line_error(result, "afile" if command == "measure" else "lies under the file")
     assert afile.read_text() == "keep me"
 
@@ -73,26 +74,26 @@ def test_out_pointing_at_a_file(study, tmp_path, command):
 def test_out_under_a_file(study, tmp_path):
     cfg, _ = study
     (tmp_path / "afile").write_text("x")
-    one_line_error(run_cli("train", str(cfg), "--out", str(tmp_path / "afile" / "sub")), "lies under the file")
+    one_line_error(in_process("train", str(cfg), "--out", str(tmp_path / "afile" / "sub")), "lies under the file")
 
 
 def test_report_out_at_a_file_keeps_the_report(copy, tmp_path):
     _cfg, exp = copy
     before = snapshot(exp)
     (tmp_path / "afile").write_text("x")
-    one_line_error(run_cli("report", str(exp), "--out", str(tmp_path / "afile")), "is a file")
+    one_line_error(in_process("report", str(exp), "--out", str(tmp_path / "afile")), "is a file")
     assert snapshot(exp) == before
 
 
 def test_report_out_unwritable(copy):
     _cfg, exp = copy
-    one_line_error(run_cli("report", str(exp), "--out", "/proc/flatbench-report"), "cannot write to the report folder")
+    one_line_error(in_process("report", str(exp), "--out", "/proc/flatbench-report"), "cannot write to the report folder")
 
 
 def test_audit_checks_its_out_before_computing(copy, tmp_path):
     _cfg, exp = copy
     (tmp_path / "afile").write_text("x")
-    one_line_error(run_cli("audit", str(exp), "--population", "--out", str(tmp_path / "afile")), "is a file")
+    one_line_error(in_process("audit", str(exp), "--population", "--out", str(tmp_path / "afile")), "is a file")
     assert not (exp / "audit_correlations.csv").exists()
 
 
@@ -107,13 +108,13 @@ def test_empty_config_file(tmp_path):
 
 
 def test_missing_config_file(tmp_path):
-    one_line_error(run_cli("train", str(tmp_path / "none.yaml")), "config file not found")
+    one_line_error(in_process("train", str(tmp_path / "none.yaml")), "config file not found")
 
 
 def test_invalid_yaml(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("data: {dataset: mnist_mini\n")
-    one_line_error(run_cli("train", str(bad)), "invalid YAML")
+    one_line_error(in_process("train", str(bad)), "invalid YAML")
 
 
 @pytest.mark.parametrize("changes, fragment", [
@@ -133,8 +134,9 @@ def test_invalid_yaml(tmp_path):
 ])
 def test_bad_config_stops_every_command_before_any_work(write_config, tmp_path, changes, fragment):
     cfg = write_config(changes)
+    run = run_cli if "trian" in changes else in_process  # the first case through a subprocess, as a user runs it
     for command in ("train", "run"):
-        one_line_error(run_cli(command, str(cfg), "--out", str(tmp_path / "o"), "--device", "cpu"), fragment)
+        one_line_error(run(command, str(cfg), "--out", str(tmp_path / "o"), "--device", "cpu"), fragment)
     assert not (tmp_path / "o").exists(), "a refused config must not create anything"
 
 
@@ -142,7 +144,7 @@ def test_settings_typo_stops_train_of_a_finished_study(copy):
     """`train` validates the measure section too: a typo is found before (not after) all the training."""
     cfg, exp = copy
     before = snapshot(exp)
-    result = run_cli("train", str(cfg), "--out", str(exp.parent), "measure.settings={eps_sharpness: {eps_sharpnes: 1}}")
+    result = in_process("train", str(cfg), "--out", str(exp.parent), "measure.settings={eps_sharpness: {eps_sharpnes: 1}}")
     one_line_error(result, "unknown setting 'eps_sharpnes' for measure 'eps_sharpness' (valid: eps, iters)")
     assert snapshot(exp) == before
 
@@ -162,17 +164,18 @@ def test_bad_command_line(study, tmp_path, args, fragment):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
-    one_line_error(run_cli("train", str(cfg), "--out", str(tmp_path / "o"), *args), fragment)
+    run = run_cli if args == ["--device", "cuda"] else in_process  # one through a subprocess
+    one_line_error(run("train", str(cfg), "--out", str(tmp_path / "o"), *args), fragment)
 
 
 def test_unknown_measure_on_the_command_line(study):
     _cfg, exp = study
-    one_line_error(run_cli("measure", str(exp), "--measures", "frobenius"), "did you mean 'frobenius_norm'?")
+    one_line_error(in_process("measure", str(exp), "--measures", "frobenius"), "did you mean 'frobenius_norm'?")
 
 
 def test_unknown_variant(study):
     _cfg, exp = study
-    one_line_error(run_cli("measure", str(exp), "--measures", "frobenius_norm:published"), "has no variant")
+    one_line_error(in_process("measure", str(exp), "--measures", "frobenius_norm:published"), "has no variant")
 
 
 # ---------------------------------------------------------------- report settings
@@ -181,14 +184,14 @@ def test_unknown_variant(study):
 def test_report_min_train_acc_out_of_range_keeps_the_report(copy):
     _cfg, exp = copy
     before = snapshot(exp)
-    one_line_error(run_cli("report", str(exp), "--min-train-acc", "2"), "must be a train accuracy in [0, 1]")
+    one_line_error(in_process("report", str(exp), "--min-train-acc", "2"), "must be a train accuracy in [0, 1]")
     assert snapshot(exp) == before
 
 
 def test_report_excluding_every_run_keeps_the_good_report(copy):
     _cfg, exp = copy
     before = snapshot(exp)
-    one_line_error(run_cli("report", str(exp), "--min-train-acc", "1"), "a report needs at least")
+    one_line_error(in_process("report", str(exp), "--min-train-acc", "1"), "a report needs at least")
     assert snapshot(exp) == before
 
 
@@ -200,9 +203,9 @@ def test_truncated_measures_json_report_refuses_and_names_it(copy):
     path = exp / "runs" / RUN_IDS[0] / "measures.json"
     path.write_text(path.read_text()[:-40])
     before = snapshot(exp)
-    one_line_error(run_cli("report", str(exp)), f"{RUN_IDS[0]}/measures.json is damaged")
+    one_line_error(in_process("report", str(exp)), f"{RUN_IDS[0]}/measures.json is damaged")
     assert snapshot(exp) == before
-    status = run_cli("status", str(exp))
+    status = in_process("status", str(exp))
     assert status.returncode == 0 and f"{RUN_IDS[0]}/measures.json is damaged" in status.stdout
 
 
@@ -212,7 +215,7 @@ def test_truncated_measures_json_measure_keeps_readable_entries(copy):
     entries = json.loads(path.read_text())
     kept = json.dumps({k: entries[k] for k in list(entries)[:2]}, indent=2)
     path.write_text(kept[:-2] + ',\n  "path_norm": {"status": "ok", "val')  # the third entry cut off
-    result = run_cli("measure", str(exp), "--device", "cpu")
+    result = in_process("measure", str(exp), "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert f"{RUN_IDS[0]}/measures.json was damaged" in result.stdout and "kept its 2 readable entries" in result.stdout
     repaired = json.loads(path.read_text())
@@ -220,7 +223,7 @@ def test_truncated_measures_json_measure_keeps_readable_entries(copy):
         assert repaired[key] == entries[key]  # kept, not recomputed
     assert repaired["path_norm"]["values"] == entries["path_norm"]["values"]  # recomputed
     assert (path.parent / "measures.json.damaged").is_file()
-    assert run_cli("report", str(exp), "--quiet").returncode == 0
+    assert in_process("report", str(exp), "--quiet").returncode == 0
 
 
 def test_corrupt_model_file_measure_goes_on_and_exits_non_zero(copy):
@@ -228,7 +231,7 @@ def test_corrupt_model_file_measure_goes_on_and_exits_non_zero(copy):
     model = exp / "runs" / RUN_IDS[0] / "model.pt"
     kept = json.loads((exp / "runs" / RUN_IDS[0] / "measures.json").read_text())["frobenius_norm"]
     model.write_bytes(b"not a checkpoint")
-    result = run_cli("measure", str(exp), "--force", "--measures", "frobenius_norm,fisher_rao_norm", "--device", "cpu")
+    result = in_process("measure", str(exp), "--force", "--measures", "frobenius_norm,fisher_rao_norm", "--device", "cpu")
     one_line_error(result, "could not be measured")
     assert model.read_bytes() == b"not a checkpoint"
     other = json.loads((exp / "runs" / RUN_IDS[1] / "measures.json").read_text())
@@ -236,7 +239,7 @@ def test_corrupt_model_file_measure_goes_on_and_exits_non_zero(copy):
     failed = json.loads((exp / "runs" / RUN_IDS[0] / "measures.json").read_text())
     assert failed["frobenius_norm"] == kept  # computed before the damage: kept, not replaced by an error
     assert failed["fisher_rao_norm"]["status"] == "error" and "could not be loaded" in failed["fisher_rao_norm"]["error"]
-    status = run_cli("status", str(exp), "--json")
+    status = in_process("status", str(exp), "--json")
     state = json.loads(status.stdout)
     assert state["runs"][RUN_IDS[0]]["state"] == "damaged" and state["counts"]["finished"] == len(RUN_IDS) - 1
 
@@ -274,17 +277,18 @@ def test_missing_dataset_creates_nothing(write_config, tmp_path):
 def test_missing_experiment_folder(command, tmp_path):
     missing = str(tmp_path / "missing")
     fragment = "does not exist" if command != "measure" else "config file not found"
-    one_line_error(run_cli(command, missing), fragment)
+    run = run_cli if command == "status" else in_process  # one through a subprocess
+    one_line_error(run(command, missing), fragment)
 
 
 def test_folder_that_is_not_an_experiment(tmp_path):
-    one_line_error(run_cli("report", str(tmp_path)), "not a flatbench experiment folder")
-    one_line_error(run_cli("status", str(tmp_path)), "not a flatbench experiment folder")
+    one_line_error(in_process("report", str(tmp_path)), "not a flatbench experiment folder")
+    one_line_error(in_process("status", str(tmp_path)), "not a flatbench experiment folder")
 
 
 def test_audit_of_a_file(tmp_path):
     (tmp_path / "afile").write_text("x")
-    one_line_error(run_cli("audit", str(tmp_path / "afile")), "is a file")
+    one_line_error(in_process("audit", str(tmp_path / "afile")), "is a file")
 
 
 def _default_sigint() -> None:
@@ -486,7 +490,7 @@ def test_report_refuses_values_measured_with_different_settings(copy):
                         "cpu", "--measures", "fisher_rao_norm,frobenius_norm")
     assert result.returncode == 0, result.stderr
     before = snapshot(exp)
-    one_line_error(run_cli("report", str(exp)), "was computed with different measurement settings: n_examples=")
+    one_line_error(in_process("report", str(exp)), "was computed with different measurement settings: n_examples=")
     assert snapshot(exp) == before
 
 

@@ -24,7 +24,7 @@ from flatbench.store import atomic_write_json, read_json
 from flatbench.models import load_model
 from flatbench.study.spec import save_study
 
-from conftest import run_cli
+from conftest import in_process, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_parallel_shards_train_every_run_exactly_once(tmp_path):
         assert read_json(run / "run.json")["status"] == "finished"
         assert (run / "model.pt").is_file()
         assert not (run / ".lock").exists() and not (run / "checkpoint.pt").exists()
-    st = run_cli("status", str(exp), "--json")
+    st = in_process("status", str(exp), "--json")
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["counts"]["finished"] == 4
 
@@ -168,7 +168,7 @@ def test_run_with_executor_returns_at_once_and_prints_the_report_command(tmp_pat
     st = wait_for_runs(exp, timeout_s=300, until=lambda s: s["measured"] == s["total"])
     assert st["measured"] == 3, st
     assert not (exp / "report.md").exists()  # without --wait, the report is the user's next command
-    report = run_cli("report", str(exp))
+    report = in_process("report", str(exp))
     assert report.returncode == 0, report.stderr
     assert (exp / "report.md").is_file()
 
@@ -242,13 +242,13 @@ def test_status_counts_runs_in_every_state(tmp_path):
 
 def test_cluster_option_errors_are_one_line(tmp_path):
     cfg = _write(tmp_path, SWEEP4)
-    bad = run_cli("train", str(cfg), "--out", str(tmp_path / "o"), "--executor", "local", "--runs-per-task", "0")
+    bad = in_process("train", str(cfg), "--out", str(tmp_path / "o"), "--executor", "local", "--runs-per-task", "0")
     assert bad.returncode == 2 and "--runs-per-task must be at least 1" in bad.stderr
     no_slurm = run_cli("train", str(cfg), "--out", str(tmp_path / "o"), "--executor", "slurm",
                        env={"PATH": str(tmp_path / "empty")})
     assert no_slurm.returncode == 2 and "needs Slurm's sbatch" in no_slurm.stderr
     assert len(no_slurm.stderr.strip().splitlines()) == 1
-    missing = run_cli("status", str(tmp_path))
+    missing = in_process("status", str(tmp_path))
     assert missing.returncode == 2 and "not a flatbench experiment folder" in missing.stderr
 
 
