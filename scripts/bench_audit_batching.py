@@ -10,7 +10,8 @@ primitives on the committed studies' models for k copies of one model, in the sa
 
 The models are built untrained (a primitive's cost does not depend on the weights' values), at the studies'
 measurement size (500 examples, float32, one thread per worker as in the studies' 2 workers on 2 cores):
-one model of each architecture the six studies audit. Prints the minimum over `--repeats` rounds and batched / baseline (below 1: batching is cheaper).
+one model of each architecture the six studies audit. Prints the minimum over `--repeats` rounds,
+batched / baseline (below 1: batching is cheaper) and the largest relative difference of their results.
 
     PYTHONPATH=. python scripts/bench_audit_batching.py [--copies 6] [--repeats 5] [--threads 1]
 """
@@ -55,6 +56,17 @@ def best_of(fn: Callable[[], Any], repeats: int) -> float:
     return min(times)
 
 
+def largest_difference(one_by_one: list[Any], batched: Any) -> float:
+    """The largest difference between the two ways' results relative to the largest entry of its tensor:
+    the batched call computes the same quantities (to float32 rounding), or its time would mean nothing."""
+    worst = 0.0
+    for k, seq in enumerate(one_by_one):
+        pairs = [(seq, batched[k])] if torch.is_tensor(seq) else [(seq[key], batched[key][k]) for key in seq]
+        for a, b in pairs:
+            worst = max(worst, float((a - b).abs().max() / a.abs().max().clamp_min(1e-30)))
+    return worst
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--copies", type=int, default=6)
@@ -65,7 +77,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"{args.copies} copies, {args.n} examples, float32, {torch.get_num_threads()} thread(s); "
           "seconds are the minimum of the rounds")
-    print(f"{'model':36s} {'primitive':9s} {'one by one':>11s} {'batched':>9s} {'ratio':>6s}")
+    print(f"{'model':36s} {'primitive':9s} {'one by one':>11s} {'batched':>9s} {'ratio':>6s} {'rel. diff':>9s}")
     for label, model, shape in cases():
         model.eval()
         x, y = torch.randn(args.n, *shape), torch.randint(0, 10, (args.n,))
@@ -91,7 +103,8 @@ def main() -> None:
             with torch.no_grad() if name == "forward" else torch.enable_grad():
                 t_seq = best_of(one_by_one, args.repeats)
                 t_bat = best_of(batched, args.repeats)
-            print(f"{label:36s} {name:9s} {t_seq:10.4f}s {t_bat:8.4f}s {t_bat / t_seq:6.2f}")
+                gap = largest_difference(one_by_one(), batched())
+            print(f"{label:36s} {name:9s} {t_seq:10.4f}s {t_bat:8.4f}s {t_bat / t_seq:6.2f} {gap:9.1e}")
 
 
 if __name__ == "__main__":
