@@ -46,14 +46,15 @@ def cases() -> list[tuple[str, torch.nn.Module, tuple[int, ...]]]:
     return [(label, build_model(cfg, shape, 10), shape) for label, cfg, shape in specs]
 
 
-def best_of(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """(minimum seconds over `repeats` calls after one untimed warm-up call, the last call's result)."""
+    out = fn()
+    best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
 
 
 def largest_difference(one_by_one: list[Any], batched: Any) -> float:
@@ -101,9 +102,9 @@ def main() -> None:
         }
         for name, (one_by_one, batched) in primitives.items():
             with torch.no_grad() if name == "forward" else torch.enable_grad():
-                t_seq = best_of(one_by_one, args.repeats)
-                t_bat = best_of(batched, args.repeats)
-                gap = largest_difference(one_by_one(), batched())
+                t_seq, seq_out = best_of(one_by_one, args.repeats)
+                t_bat, bat_out = best_of(batched, args.repeats)
+                gap = largest_difference(seq_out, bat_out)
             print(f"{label:36s} {name:9s} {t_seq:10.4f}s {t_bat:8.4f}s {t_bat / t_seq:6.2f} {gap:9.1e}")
 
 
