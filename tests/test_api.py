@@ -133,11 +133,12 @@ def test_data_loaders_losses_and_bad_input() -> None:
 
 def test_where_forward_mode_is_missing_hvps_and_fisher_rao_fall_back_to_double_backward(monkeypatch) -> None:
     """The error torch gives for an operator without a forward-mode derivative (the fused attention kernel,
-    `aten::_native_multi_head_attention`), planted in torch.func.jvp: the HVP in `auto` mode switches to
-    double backward for that model and gives the same product; fisher_rao_norm's JVP along θ does too."""
+    `aten::_native_multi_head_attention`), planted in torch.func.jvp: an HVP asked for in `rev_fwd` mode fails
+    its check, is computed by double backward for that model and gives the same product, and the entry says
+    so; fisher_rao_norm's JVP along θ falls back to two reverse passes likewise."""
     import importlib
 
-    from flatbench.curvature import hvp, hvp_mode_of
+    from flatbench.curvature import hvp, hvp_log, use_hvp_mode
     from flatbench.losses import get_loss
     from flatbench.measures.builtin import fisher_rao
 
@@ -155,11 +156,17 @@ def test_where_forward_mode_is_missing_hvps_and_fisher_rao_fall_back_to_double_b
     monkeypatch.setattr(importlib.import_module("flatbench.curvature.hvp"), "jvp", no_forward_ad)
     monkeypatch.setattr(fisher_rao, "jvp", no_forward_ad)
     fresh = copy_of(model)
-    assert hvp_mode_of(fresh) == "auto"
-    got = hvp(fresh, x, y, get_loss("ce"), v)
-    assert hvp_mode_of(fresh) == "double_backward"
+    use_hvp_mode(fresh, "rev_fwd")
+    with hvp_log() as log:
+        got = hvp(fresh, x, y, get_loss("ce"), v)
+    assert log.info()["mode"] == "double_backward" and log.info()["asked"] == "rev_fwd"
+    assert "forward-mode derivative" in log.info()["fallback"]
     assert torch.allclose(got, expected, rtol=1e-12, atol=1e-14)
-    assert flatbench.measure(model, (x, y), ["fisher_rao_norm"]).loc[0, "value"] == pytest.approx(fisher, rel=1e-12)
+    df = flatbench.measure(model, (x, y), ["fisher_rao_norm", "hessian_max_eig"], hvp_mode="fwd_rev")
+    assert df.loc[0, "value"] == pytest.approx(fisher, rel=1e-12)
+    assert df.attrs["info"]["fisher_rao_norm"]["method"] == "reverse_along_theta"
+    assert "two reverse passes" in df.attrs["info"]["fisher_rao_norm"]["fallback"]
+    assert df.attrs["info"]["hessian_max_eig"]["hvp"]["mode"] == "double_backward"
 
 
 def copy_of(model: nn.Module) -> nn.Module:

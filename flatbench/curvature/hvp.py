@@ -1,10 +1,10 @@
-"""Hessian-vector products (torch.func, reverse-over-forward, over the whole measurement set in chunks):
-the primitive `HessianOperator` applies (`H @ v`), with the modes and the double-backward fallback."""
+"""Hessian-vector products over the whole measurement set in chunks: the primitive `HessianOperator`
+applies (`H @ v`), in the mode `curvature.modes` decides (double backward by default; a torch.func mode only
+after it agreed with double backward on the model), and the dense diagonal of a small model."""
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -20,55 +20,87 @@ from flatbench.curvature.common import (
     detached_params,
     unflatten,
 )
+from flatbench.curvature.modes import (
+    AUTO_MODE,
+    CHECKED_MODES,
+    HVP_MODES,
+    REFERENCE_MODE,
+    ModeCheck,
+    checked_mode,
+    compare_products,
+    forward_ad_missing,
+    hvp_mode_of,
+    loss_identity,
+    missing_forward_ad,
+    note_product,
+)
 
-HVP_MODES = ("auto", "rev_fwd", "fwd_rev", "double_backward")
-"""Ways to compute a Hessian-vector product (`hvp`'s mode): auto (reverse-over-forward, falling back to
-double backward where an operator has no forward-mode derivative), reverse-over-forward, forward-over-
-reverse, double backward."""
-_MODE_OF: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
-"""The HVP mode chosen for a model (`use_hvp_mode`), and the fallback `auto` found for it."""
-
-
-def use_hvp_mode(model: nn.Module, mode: str) -> None:
-    """Make every HVP of `model` (Hutchinson, Lanczos, the measures) use `mode` (one of HVP_MODES)."""
-    if mode not in HVP_MODES:
-        raise ValueError(f"hvp mode must be one of {', '.join(HVP_MODES)}, got {mode!r}")
-    _MODE_OF[model] = mode
-
-
-def hvp_mode_of(model: nn.Module) -> str:
-    """The mode `hvp` uses for `model` by default: its `use_hvp_mode`, else auto."""
-    return _MODE_OF.get(model, "auto")
-
-
-def forward_ad_missing(exc: BaseException) -> bool:
-    """Whether an error says an operator has no forward-mode (JVP) derivative (e.g. the fused attention
-    kernel `aten::_native_multi_head_attention`), so that double backward can be used instead."""
-    text = str(exc).lower()
-    return isinstance(exc, (NotImplementedError, RuntimeError)) and (
-        "forward ad" in text or "forward-mode" in text or "jvp" in text or "forward mode" in text)
-
+CHECK_SEED = 20260
+"""Seed of the random vector a torch.func mode is checked on (`check_mode`)."""
 
 
 def hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: dict[str, Tensor] | Tensor,
         chunk_size: int = 2000, mode: str | None = None) -> dict[str, Tensor] | Tensor:
-    """H v for H the Hessian of the mean loss over (inputs, targets), with torch.func, in chunks.
+    """H v for H the Hessian of the mean loss over (inputs, targets), in chunks.
 
     `vec` is a dict of tensors keyed like `model.named_parameters()` or one flat vector in that order;
     the result has the same structure (and the parameters' dtype). Chunks are weighted by their share of
     the examples, so the result is the full-set Hessian's product whatever the chunking.
 
-    `mode`: None is the model's mode (`use_hvp_mode`, default 'auto': 'rev_fwd', and 'double_backward'
-    from the first operator without a forward-mode derivative on, remembered for the model); 'rev_fwd' is `grad` of the directional derivative `jvp(L)[v]` (reverse-over-forward),
-    'fwd_rev' is `jvp(grad(L))` (forward-over-reverse), 'double_backward' is PyHessian's
-    `autograd.grad(⟨∇L, v⟩)`. All three compute the same product; on CPU the reverse-over-forward form
-    measured fastest of the torch.func ones (scripts/bench_curvature.py prints all three), so it is the
-    default. A model with a module in train mode (BatchNorm updating running statistics mutates buffers,
-    which torch.func transforms refuse) always uses double backward, on cloned buffers so the model's
-    statistics are left as they were.
+    `mode`: None is the model's mode (`use_hvp_mode`, default 'auto' = `modes.AUTO_MODE`, double backward);
+    'double_backward' is PyHessian's `autograd.grad(⟨∇L, v⟩)`, 'rev_fwd' is `grad` of the directional
+    derivative `jvp(L)[v]` (reverse-over-forward), 'fwd_rev' is `jvp(grad(L))` (forward-over-reverse). The two
+    torch.func modes are used only after their first product on this model and loss agreed with double
+    backward (`check_mode`; in torch 2.14.1 reverse-over-forward is wrong through LayerNorm and InstanceNorm);
+    where one did not, double backward is used and the active `modes.HvpLog` says why. A model with a module in
+    train mode (BatchNorm updating running statistics mutates buffers, which torch.func transforms refuse)
+    always uses double backward, on cloned buffers so the model's statistics are left as they were.
     """
+    asked = hvp_mode_of(model) if mode is None else mode
+    if asked not in HVP_MODES:
+        raise ValueError(f"mode must be one of {HVP_MODES}, got {asked!r}")
     with math_attention():
-        return _hvp(model, inputs, targets, loss, vec, chunk_size, hvp_mode_of(model) if mode is None else mode)
+        used, check, reason = resolve_mode(model, inputs, targets, loss, asked, chunk_size)
+        note_product(asked, used, check, reason)
+        return _hvp(model, inputs, targets, loss, vec, chunk_size, used)
+
+
+def resolve_mode(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, asked: str,
+                 chunk_size: int) -> tuple[str, ModeCheck | None, str]:
+    """(the mode a product is computed in, the check that decided it or None, why another mode than asked is
+    used where no check says it): auto is `AUTO_MODE`; a model in train mode uses double backward; a
+    torch.func mode is used only where its check passed."""
+    mode = AUTO_MODE if asked == "auto" else asked
+    if any(m.training for m in model.modules()):
+        why = "" if mode == REFERENCE_MODE else "a module is in train mode (torch.func refuses buffer updates)"
+        return REFERENCE_MODE, None, why
+    if mode not in CHECKED_MODES:
+        return mode, None, ""
+    key = (loss_identity(loss), tuple(inputs.shape[1:]), inputs.dtype, str(inputs.device))
+    check = checked_mode(model, key, mode, lambda: check_mode(model, inputs, targets, loss, mode, chunk_size))
+    return (mode if check.passed else REFERENCE_MODE), check, ""
+
+
+def check_mode(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, mode: str,
+               chunk_size: int) -> ModeCheck:
+    """`mode`'s product against double backward's on the first chunk and a seeded Gaussian vector: passed
+    where they agree to `modes.check_tolerance` of the parameters' dtype; failed (with the reason) where they
+    differ or where `mode` needs a forward-mode derivative an operator lacks. Costs one product in each mode
+    on one chunk, once per model, loss and input shape."""
+    params = detached_params(model)
+    first = next(iter(params.values()))
+    gen = torch.Generator(device="cpu").manual_seed(CHECK_SEED)
+    size = sum(p.numel() for p in params.values())
+    v = torch.randn(size, generator=gen, dtype=torch.float64).to(device=first.device, dtype=first.dtype)
+    x, y = inputs[:chunk_size], targets[:chunk_size]
+    reference = _hvp(model, x, y, loss, v, chunk_size, REFERENCE_MODE)
+    try:
+        got = _hvp(model, x, y, loss, v, chunk_size, mode)
+    except (NotImplementedError, RuntimeError) as exc:
+        if not forward_ad_missing(exc):
+            raise
+        return missing_forward_ad(mode, first.dtype, exc)
+    return compare_products(mode, got, reference)
 
 
 def math_attention() -> Any:
@@ -84,16 +116,7 @@ def math_attention() -> Any:
 
 def _hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: dict[str, Tensor] | Tensor,
          chunk_size: int, mode: str) -> dict[str, Tensor] | Tensor:
-    if mode not in HVP_MODES:
-        raise ValueError(f"mode must be one of {HVP_MODES}, got {mode!r}")
-    if mode == "auto":
-        try:
-            return _hvp(model, inputs, targets, loss, vec, chunk_size, "rev_fwd")
-        except (NotImplementedError, RuntimeError) as exc:
-            if not forward_ad_missing(exc):
-                raise
-            _MODE_OF[model] = "double_backward"
-            mode = "double_backward"
+    """The product in exactly `mode` (no check, no fallback)."""
     params = detached_params(model)
     flat_input = isinstance(vec, Tensor)
     v = unflatten(vec, params) if flat_input else {k: vec[k].to(params[k].dtype) for k in params}
@@ -101,7 +124,7 @@ def _hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec:
     n = int(inputs.shape[0])
     out = {k: torch.zeros_like(p) for k, p in params.items()}
     if any(m.training for m in model.modules()):
-        mode = "double_backward"
+        mode = REFERENCE_MODE
     with torch.enable_grad():
         for x, y in chunks(inputs, targets, chunk_size):
             fn = loss_fn(model, buffers, x, y, loss, x.shape[0] / n)

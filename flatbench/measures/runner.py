@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from flatbench.config import MeasureConfig, RunConfig, run_config_from_dict
-from flatbench.curvature import hvp_mode_of, use_hvp_mode
+from flatbench.curvature import hvp_log, hvp_mode_of, use_hvp_mode
 from flatbench.data import load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError, did_you_mean
 from flatbench.losses import BUILTIN_LOSSES
@@ -213,7 +213,9 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
     at its cap: the residual in the reason, the estimate in `info.values`) or `error` with the reason: an exception of
     any kind (SystemExit of a plugin included), a result that is not numbers, info that JSON cannot hold, a
     time limit passed (`timeout_s`), or a change of the model (`isolation.guarded_call`: the model is put
-    back for the next measure and nothing computed on the changed model is kept)."""
+    back for the next measure and nothing computed on the changed model is kept). An entry whose measure made
+    Hessian-vector products records how in `info["hvp"]` (`curvature.HvpLog`: the mode used, the products,
+    the check of a torch.func mode and why it was replaced)."""
     sub = ctx.for_measure(spec.name, settings, loss_name=loss or "ce")
     record: dict[str, Any] = {"settings": {**settings, **({"loss": loss} if loss else {})},
                               "larger_is_sharper": spec.larger_is_sharper}
@@ -221,8 +223,11 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
         record["plugin"] = plugin_record(spec)
     start = time.perf_counter()
 
+    products = None
+
     def call() -> Any:
-        with time_limit(timeout_s):
+        nonlocal products
+        with time_limit(timeout_s), hvp_log() as products:
             return as_output(spec.fn(sub), spec.base_name)
 
     known = spec.origin == "builtin" and _builtin_loss(sub) and known_code(ctx.model)
@@ -238,6 +243,8 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
         record.update(status="error", **_error_text(exc))
     else:
         record.update(_checked_output(spec, loss, out))
+        if products is not None and products.count and isinstance(record.get("info"), dict):
+            record["info"] = {**record["info"], "hvp": products.info()}  # how its curvature was computed
         if loss is None and spec.fixed_loss and ctx.loss_name != spec.fixed_loss and "reason" not in record:
             record["reason"] = (f"computed with {spec.fixed_loss}, the loss this measure is defined with; the "
                                 f"loss asked for ({ctx.loss_name}) is not used by it")

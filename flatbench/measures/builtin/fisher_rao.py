@@ -23,27 +23,42 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call, jvp
 
-from flatbench.curvature import forward_ad_missing, math_attention
+from flatbench.curvature import ModeCheck, forward_ad_missing, math_attention
+from flatbench.curvature.modes import checked_mode, compare_products, missing_forward_ad
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 
 
 def directional_logit_derivative(model: torch.nn.Module, x: torch.Tensor
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(f(x; θ), J θ): the logits and their derivative along θ itself, by one forward-mode JVP, or, where an
-    operator has no forward-mode derivative (fused attention), by two reverse passes (the JVP as the
-    derivative of the VJP `uᵀJ θ` with respect to u)."""
+                                 ) -> tuple[torch.Tensor, torch.Tensor, ModeCheck]:
+    """(f(x; θ), J θ, the check of the forward mode): the logits and their derivative along θ itself, by one
+    forward-mode JVP where that mode agreed, on the model's first call, with two reverse passes (the JVP as
+    the derivative of the VJP `uᵀJ θ` with respect to u: `curvature.modes`, no derivative mode unchecked);
+    by the two reverse passes where it did not or where an operator has no forward-mode derivative (fused
+    attention)."""
     params = {name: p.detach() for name, p in model.named_parameters()}
     with math_attention():
-        return _directional(model, x, params)
+        key = (("fisher_rao", "directional"), tuple(x.shape[1:]), x.dtype, str(x.device))
+        check = checked_mode(model, key, "jvp", lambda: _check_forward(model, x, params))
+        if check.passed:
+            return (*jvp(lambda p: functional_call(model, p, (x,)), (params,), (params,)), check)
+        return (*_reverse_directional(model, x, params), check)
 
 
-def _directional(model: torch.nn.Module, x: torch.Tensor, params: dict[str, torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_forward(model: torch.nn.Module, x: torch.Tensor, params: dict[str, torch.Tensor]) -> ModeCheck:
+    """The forward-mode J θ on these inputs against the two reverse passes'."""
+    _, reference = _reverse_directional(model, x, params)
     try:
-        return jvp(lambda p: functional_call(model, p, (x,)), (params,), (params,))
+        _, got = jvp(lambda p: functional_call(model, p, (x,)), (params,), (params,))
     except (NotImplementedError, RuntimeError) as exc:
         if not forward_ad_missing(exc):
             raise
+        return missing_forward_ad("jvp", reference.dtype, exc)
+    return compare_products("jvp", got.reshape(-1), reference.reshape(-1))
+
+
+def _reverse_directional(model: torch.nn.Module, x: torch.Tensor, params: dict[str, torch.Tensor]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f(x; θ), J θ) by two reverse passes: J θ = ∂/∂u (uᵀJ θ) at any u."""
     with torch.enable_grad():
         leaves = {k: p.clone().requires_grad_(True) for k, p in params.items()}
         out = functional_call(model, leaves, (x,))
@@ -66,12 +81,17 @@ def fisher_rao_norm(ctx: MeasureContext) -> MeasureOutput:
     Always with cross-entropy: for a loss that is invariant to scaling the logits (`normalized_ce`)
     and a positively homogeneous network, ⟨θ, ∇_θ ℓ⟩ is identically 0, so the norm would be rounding noise.
     """
-    total = 0.0
+    total, check = 0.0, None
     for x, y in ctx.chunks():
         with torch.no_grad():
-            logits, along = directional_logit_derivative(ctx.model, x)
+            logits, along, check = directional_logit_derivative(ctx.model, x)
         f = logits.detach().requires_grad_(True)
         with torch.enable_grad():
             (g,) = torch.autograd.grad(ctx.loss.per_example(f, y).sum(), f)  # row n: ∇_f ℓ_n
         total += float(((g * along).sum(dim=1) ** 2).sum())
-    return MeasureOutput({"fisher_rao_norm": total / ctx.n}, {"method": "jvp_along_theta"})
+    info: dict = {"method": "jvp_along_theta" if check is None or check.passed else "reverse_along_theta"}
+    if check is not None:
+        info["check"] = check.as_info()
+        if not check.passed:
+            info["fallback"] = check.reason.replace("double backward", "two reverse passes")
+    return MeasureOutput({"fisher_rao_norm": total / ctx.n}, info)
