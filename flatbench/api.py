@@ -281,22 +281,14 @@ def settings_from_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dic
     return settings
 
 
-def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
-                  measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
-                  dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,
-                  settings: dict[str, dict[str, Any]] | None = None, loss: str = "ce",
-                  plot: str | None = None) -> tuple[Any, Any]:
-    """`flatbench measure-model`: build the model of `factory` (file.py:function, pkg.module:function) for
-    the dataset `data` (a built-in name or an .npz file), load `checkpoint` (a state dict, or a dict with
-    one under `state_dict` or `model`), measure it on the first `n_examples` training examples (a seeded
-    class-balanced subset) with `loss` and `settings`, write measures.json and table.csv into `out`, and
-    with `plot` the hessian_density spectrum into that PNG (its path in `df.attrs["plot"]`). Returns
-    (DataFrame, out)."""
+def factory_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
+                  seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
+    """(model, inputs, targets) of a model of one's own: `factory` (file.py:function, pkg.module:function)
+    built for the dataset `data` (a built-in name or an .npz file) with the torch RNG seeded by `seed`,
+    `checkpoint` loaded (a state dict, or a dict with one under `state_dict` or `model`), and the first
+    `n_examples` training examples (a seeded class-balanced subset; all of them for None). What
+    `measure-model`, `verify` and `check-measure --factory` measure."""
     check_dataset_name(data)
-    if plot is not None and not str(plot).lower().endswith(".png"):
-        raise FlatbenchError(f"--plot must name a .png file, got {plot!r}")
-    if dtype not in ("float64", "float32"):
-        raise FlatbenchError(f"--dtype must be float64 or float32, got {dtype!r}")
     ds = load_dataset(DataConfig(dataset=data), seed)
     if n_examples is not None and n_examples > ds.n_train:  # refused, never silently capped (as in studies)
         raise FlatbenchError(f"n_examples={n_examples} is more than the {ds.n_train} training examples of {data}")
@@ -314,6 +306,26 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
             raise FlatbenchError(f"checkpoint {checkpoint} does not fit the model of {factory} "
                                  f"({str(exc).splitlines()[0]})") from None
     x, y = measurement_subset(ds, n_examples, seed)
+    return model, x, y
+
+
+def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
+                  measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
+                  dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,
+                  settings: dict[str, dict[str, Any]] | None = None, loss: str = "ce",
+                  plot: str | None = None) -> tuple[Any, Any]:
+    """`flatbench measure-model`: build the model of `factory` (file.py:function, pkg.module:function) for
+    the dataset `data` (a built-in name or an .npz file), load `checkpoint` (a state dict, or a dict with
+    one under `state_dict` or `model`), measure it on the first `n_examples` training examples (a seeded
+    class-balanced subset) with `loss` and `settings`, write measures.json and table.csv into `out`, and
+    with `plot` the hessian_density spectrum into that PNG (its path in `df.attrs["plot"]`). Returns
+    (DataFrame, out)."""
+    check_dataset_name(data)
+    if plot is not None and not str(plot).lower().endswith(".png"):
+        raise FlatbenchError(f"--plot must name a .png file, got {plot!r}")
+    if dtype not in ("float64", "float32"):
+        raise FlatbenchError(f"--dtype must be float64 or float32, got {dtype!r}")
+    model, x, y = factory_model(factory, data, checkpoint=checkpoint, n_examples=n_examples, seed=seed)
     records = measure_records(model, (x, y), measures or ["all"], device=device, loss=loss,
                               dtype=torch.float64 if dtype == "float64" else torch.float32, settings=settings,
                               plugins=plugins, seed=seed)
