@@ -81,12 +81,11 @@ class WeightMatrix:
         return isinstance(self.module, nn.modules.conv._ConvNd)
 
 
-def _record_calls(model: nn.Module, example: torch.Tensor, types: tuple[type, ...], grad: bool
+def _record_calls(model: nn.Module, example: torch.Tensor, types: tuple[type, ...]
                   ) -> list[tuple[nn.Module, tuple[int, ...]]]:
     """The modules of `types` in the order a forward pass on `example` finishes calling them (first call), with
-    one example's input shape. With `grad`, the pass records the autograd graph (then discarded), so a module
-    with an inference fast path (nn.TransformerEncoderLayer's calls none of its submodules) takes the path
-    that calls them, as the measures' own gradient computations do (when a parameter requires grad)."""
+    one example's input shape. (A module with an inference fast path that calls none of its submodules,
+    nn.TransformerEncoderLayer, leaves it while hooks are attached, so its layers are seen.)"""
     seen: list[tuple[nn.Module, tuple[int, ...]]] = []
     handles = []
 
@@ -99,7 +98,7 @@ def _record_calls(model: nn.Module, example: torch.Tensor, types: tuple[type, ..
         if isinstance(module, types):
             handles.append(module.register_forward_hook(hook))
     try:
-        with torch.set_grad_enabled(grad):
+        with torch.no_grad():
             model(example)
     finally:
         for h in handles:
@@ -110,7 +109,7 @@ def _record_calls(model: nn.Module, example: torch.Tensor, types: tuple[type, ..
 def weight_layers(model: nn.Module, example: torch.Tensor) -> list[WeightLayer]:
     """Linear/Conv2d layers in the order a forward pass on `example` (shape (1, ...)) calls them."""
     names = {m: n for n, m in model.named_modules()}
-    return [WeightLayer(names[m], m, shape) for m, shape in _record_calls(model, example, WEIGHT_LAYER_TYPES, False)]
+    return [WeightLayer(names[m], m, shape) for m, shape in _record_calls(model, example, WEIGHT_LAYER_TYPES)]
 
 
 def _attention_matrices(name: str, attn: nn.MultiheadAttention) -> list[tuple[str, nn.Parameter, slice | None]]:
@@ -130,7 +129,7 @@ def weight_matrices(model: nn.Module, example: torch.Tensor) -> list[WeightMatri
     `example` (shape (1, ...)) calls their layers; a shared parameter once, at its first use."""
     names = {m: n for n, m in model.named_modules()}
     param_names = {id(p): n for n, p in model.named_parameters()}
-    calls = _record_calls(model, example, (*MATRIX_LAYER_TYPES, nn.MultiheadAttention), grad=True)
+    calls = _record_calls(model, example, (*MATRIX_LAYER_TYPES, nn.MultiheadAttention))
     out: list[WeightMatrix] = []
     taken: set[tuple[int, int | None]] = set()
     for module, shape in calls:
