@@ -437,6 +437,9 @@ def layer_problems(ctx: MeasureContext, loss_name: str | None = None
                 "(closed form)",
     invariant_to=("layer", "bn"), cost="hessian", uses_loss=True)
 def matrix_normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
+    """Over every weight matrix (Linear, Conv, Embedding weights; an attention's q, k, v and output
+    projections, each its own); biases, normalization layers and other parameters are named in
+    `info["left_out"]` (module docstring: which matrices)."""
     problems, info = layer_problems(ctx)
     per_layer = {f"matrix_normalized_sharpness/{name}": matrix_normalized(h, q) for name, h, q in problems}
     return MeasureOutput({"matrix_normalized_sharpness": sum(per_layer.values()), **per_layer}, info)
@@ -510,7 +513,9 @@ PUBLISHED = {"published": {"solver": "published"}}
     invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="ce",
     settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness", s, NS_RULES))
 def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
-    """Normalized sharpness with the Hessian of the cross-entropy (Tsuzuku et al. §6.2's variant).
+    """Normalized sharpness with the Hessian of the cross-entropy (Tsuzuku et al. §6.2's variant), over every
+    weight matrix (an attention's q, k, v and output projections each its own problem); what it leaves out is
+    named in `info["left_out"]` (module docstring: which matrices).
 
     The `published` variant (`solver: published`) is not invariant to any rescaling (module doc).
     """
@@ -525,7 +530,8 @@ def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
     defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="normalized_ce",
     settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness_nce", s, NS_RULES))
 def normalized_sharpness_nce(ctx: MeasureContext) -> MeasureOutput:
-    """Normalized sharpness with the Hessian of `normalized_ce` (the paper's §6.1 choice).
+    """Normalized sharpness with the Hessian of `normalized_ce` (the paper's §6.1 choice), over the weight
+    matrices of `normalized_sharpness`; what it leaves out is named in `info["left_out"]`.
 
     The `published` variant (`solver: published`) is not invariant to any rescaling (module doc).
     """

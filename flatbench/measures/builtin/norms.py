@@ -35,8 +35,7 @@ def _left_out(ctx: MeasureContext) -> dict:
 
 
 @register_measure("frobenius_norm", description="Σ_l ‖W_l‖_F² over the weight matrices (Linear, Conv, Embedding, "
-                  "attention's q/k/v/out projections; biases, normalization layers and other parameters named "
-                  "in info.left_out)", cost="cheap")
+                  "attention projections); what it leaves out in info.left_out", cost="cheap")
 def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
     """Σ_l ‖W_l‖_F² over every weight matrix (`flatbench.measures.layers.weight_matrices`): the weights of the
     Linear, Conv1d/2d/3d, ConvTranspose and Embedding layers the forward pass calls, and of an

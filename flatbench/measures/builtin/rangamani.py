@@ -107,8 +107,7 @@ def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tup
 @register_measure(
     "scale_invariant_rangamani",
     description="Rangamani et al. 2019: λ_max(D^½ H D^½)/(2+2L_S), D = blockdiag(‖W_l‖_F² I) over the "
-                "weights "
-                "(Lanczos on HVPs)",
+                "weight matrices (Lanczos on HVPs)",
     invariant_to=("layer", "bn"), cost="hessian", defaults={"tol": 1e-4, "max_iter": 200}, uses_loss=True,
     exact=False, precision="float32",
     settings_help={"tol": "Lanczos stops when the Ritz pair's residual is at most tol × |λ|; > 0",
@@ -116,7 +115,9 @@ def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tup
                                "integer ≥ 1"},
     check=lambda s: setting_range("scale_invariant_rangamani", s, {"tol": ("gt", 0), "max_iter": ("min", 1)}))
 def scale_invariant_rangamani(ctx: MeasureContext) -> MeasureOutput:
-    """λ_max of the layer-norm-scaled weight Hessian over 2 + 2 L_S (see the module docstring)."""
+    """λ_max of the layer-norm-scaled weight Hessian over 2 + 2 L_S (see the module docstring), over every weight
+    matrix (an attention's q, k, v and output projections each its own block of D); the parameters held fixed
+    are named in `info["left_out"]`."""
     lam, info = scaled_top_eigenvalue(ctx, float(ctx.settings["tol"]), int(ctx.settings["max_iter"]))
     loss = mean_loss(ctx)
     info.update(lambda_max=lam, loss=loss)
