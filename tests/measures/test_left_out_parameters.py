@@ -275,6 +275,29 @@ def test_each_matrix_once_and_what_is_left_out(grad):
     assert set(params) == {m.param for m in matrices} | {p for g in out.info["left_out"].values() for p in g}
 
 
+def test_spectral_norm_of_transposed_and_3d_convolutions_is_their_operator_norm():
+    """ConvTranspose1d (stride 2, output padding) and Conv3d by power iteration against their explicit
+    operator matrices on the layers' input shapes."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Unflatten(1, (2, 3)), nn.ConvTranspose1d(2, 3, 3, stride=2, output_padding=1),
+                          nn.Unflatten(1, (1, 3)), nn.Unflatten(3, (8, 1)), nn.Conv3d(1, 2, (2, 2, 1)), nn.Flatten(),
+                          nn.LazyLinear(3)).double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    model(x)
+    tconv, conv3 = model[1], model[4]
+    ops = {"1": (lambda b: nn.functional.conv_transpose1d(b, tconv.weight.detach(), None, 2, 0, 1), (2, 3)),
+           "4": (lambda b: nn.functional.conv3d(b, conv3.weight.detach()), (1, 3, 8, 1))}
+    df = flatbench.measure(model, (x, torch.arange(4) % 3), ["spectral_norm"],
+                           settings={"spectral_norm": {"iters": 5000, "tol": 1e-14}})
+    values = {r.key: r.value for r in df.itertuples()}
+    for key, (op, shape) in ops.items():
+        n = math.prod(shape)
+        matrix = op(torch.eye(n, dtype=torch.float64).reshape(n, *shape)).reshape(n, -1).t()
+        assert values[f"spectral_norm/{key}"] == pytest.approx(float(torch.linalg.matrix_norm(matrix, 2)) ** 2,
+                                                               rel=1e-9), key
+    assert df.attrs["info"]["spectral_norm"]["left_out"] == {"biases": ["1.bias", "4.bias", "6.bias"]}
+
+
 # ---------------------------------------------------------------- the committed studies' architectures
 
 
