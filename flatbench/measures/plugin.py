@@ -23,8 +23,11 @@
 - Shared quantities, computed once per model and loss and reused by every measure that asks:
   `hessian_diagonal(ctx)` (exact for piecewise-linear networks and smooth Sequential chains, else a
   bounded Hutchinson estimate; a `DiagonalResult` with `.diag`, `.trace()`, `.method`),
-  `weight_layers(ctx)` (Linear/Conv2d layers in forward order), `hvp(ctx, vector)` (a Hessian-vector
-  product of the context's loss).
+  `weight_layers(ctx)` (Linear/Conv2d layers in forward order), `weight_matrices(ctx)` (every weight
+  matrix: Linear, Conv, Embedding weights and an attention's q, k, v and output projections, each with its
+  parameter's name and rows), `left_out(ctx, covered)` (the parameters that are none of `covered`, by group
+  `biases`, `normalization`, `other`: what a measure over a selection of parameters reports as
+  `info["left_out"]`), `hvp(ctx, vector)` (a Hessian-vector product of the context's loss).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from flatbench.measures.registry import FAMILIES, MeasureOutput, NotApplicable, 
 from flatbench.measures.shared import hessian_diagonal, hutchinson_diagonal
 from flatbench.measures.shared import hvp as _hvp
 from flatbench.measures.shared import layers as weight_layers
+from flatbench.measures.shared import left_out
+from flatbench.measures.shared import matrices as weight_matrices
 
 
 def hvp(ctx: MeasureContext, vector: dict[str, Tensor] | Tensor) -> Any:
@@ -47,4 +52,4 @@ def hvp(ctx: MeasureContext, vector: dict[str, Tensor] | Tensor) -> Any:
 
 
 __all__ = ["FAMILIES", "MeasureContext", "MeasureOutput", "NotApplicable", "hessian_diagonal", "hutchinson_diagonal",
-           "hvp", "register_measure", "weight_layers"]
+           "hvp", "left_out", "register_measure", "weight_layers", "weight_matrices"]

@@ -8,6 +8,7 @@ computed alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -16,7 +17,8 @@ from flatbench.curvature import (DENSE_MAX_PARAMS, POSITIVELY_HOMOGENEOUS_OPS, D
                                   group_hessian_diagonals, mlp_linears, ops_outside, traced_ops)
 from flatbench.losses import get_loss
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.layers import WeightLayer, weight_layers
+from flatbench.measures.layers import WeightLayer, WeightMatrix, weight_layers, weight_matrices
+from flatbench.measures.layers import left_out as parameters_left_out
 from flatbench.measures.registry import NotApplicable
 from flatbench.seeding import probe_generator
 
@@ -81,6 +83,22 @@ def require_relu_network(ctx: MeasureContext, measure: str) -> None:
 def layers(ctx: MeasureContext) -> list[WeightLayer]:
     """The model's Linear / Conv2d layers in forward order."""
     return ctx.cached("weight_layers", lambda: weight_layers(ctx.model, ctx.inputs[:1]))
+
+
+def matrices(ctx: MeasureContext) -> list[WeightMatrix]:
+    """The model's weight matrices in forward order (`flatbench.measures.layers.weight_matrices`: Linear, Conv,
+    Embedding weights and an attention's q, k, v and output projections), once per model."""
+    return ctx.cached("weight_matrices", lambda: weight_matrices(ctx.model, ctx.inputs[:1]))
+
+
+def left_out(ctx: MeasureContext, covered: Iterable[torch.Tensor] | None = None) -> dict[str, list[str]]:
+    """The parameters a measure leaves out, by group (`biases`, `normalization`, `other`; see
+    `flatbench.measures.layers.left_out`): those that are none of `covered` (default: the weight matrices'
+    parameters). Every measure that works over a selection of the parameters reports it as
+    `info["left_out"]`, so what it does not cover is named in its result."""
+    if covered is None:
+        covered = [m.parameter for m in matrices(ctx)]
+    return parameters_left_out(ctx.model, covered)
 
 
 class NormalDraws:
@@ -174,6 +192,8 @@ __all__: list[Any] = [
     "hutchinson_diagonal",
     "hvp",
     "layers",
+    "left_out",
+    "matrices",
     "normal_draws",
     "prime_hessian_diagonals",
     "require_relu_network",

@@ -238,11 +238,12 @@ def layer_traces(ctx: MeasureContext) -> tuple[list[str], list[float], list[floa
     if any(not isinstance(j.producer, (torch.nn.Linear, torch.nn.Conv2d)) for j in s.junctions):
         raise NotApplicable("a hidden layer's output is not a weight layer's output")
     layers = shared.layers(ctx)
-    covered = {f"{l.name}.weight" for l in layers} | {f"{l.name}.bias" for l in layers}
-    others = [n for n, _ in ctx.model.named_parameters() if n not in covered]
+    others = [n for group in shared.left_out(ctx, [p for l in layers for p in l.module.parameters()]).values()
+              for n in group]
     if others:
-        raise NotApplicable(f"parameters outside the weight layers ({', '.join(others[:3])}) are not "
-                            "covered by the layer-wise rescaling")
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise NotApplicable(f"{len(others)} parameter{'s' if len(others) > 1 else ''} outside the Linear/Conv2d "
+                            f"layers ({shown}) not covered by the layer-wise rescaling")
     result = shared.hessian_diagonal(ctx)
     names = [l.name for l in layers]
     negative = sum(int((d < 0).sum()) for d in result.diag.values())

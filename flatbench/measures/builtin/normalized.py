@@ -83,7 +83,15 @@ so negative diagonal entries are clamped to 0 and counted (`negative_diagonal_cl
 multiplies every H_ii by a positive factor, so clamping does not break any invariance. With `ce` the
 exact diagonal is non-negative.
 
-Biases are not included (Tsuzuku et al. define the measures on the weight matrices). Invariances:
+*Which matrices.* Every weight matrix of the network (`flatbench.measures.layers.weight_matrices`): Linear,
+Conv1d/2d/3d and ConvTranspose kernels (reduced over their spatial axes), Embedding tables, and an
+nn.MultiheadAttention's query, key, value and output projections, each its own problem. Tsuzuku et al.'s
+PAC-Bayes argument holds for any weight matrix (its posterior variances σ_i σ'_j are a choice of
+parametrization, not a property of the layer type), and the row × column variances make the value
+invariant to the attention's own symmetries as well (a query row × c with the matching key row ÷ c; a value
+row × c with the output projection's column ÷ c). Biases and normalization layers' affine parameters are
+not included (Tsuzuku et al. define the measures on the weight matrices), nor any other parameter (a raw
+positional embedding, recurrent weights): `info["left_out"]` names them by group. Invariances:
 matrix-normalized sharpness is invariant to layer-wise and BN-wise rescaling (each matrix is rescaled as
 a whole); normalized sharpness also to node-wise rescaling (rows and columns are rescaled), and computed
 with `normalized_ce` also to scaling the logits (`normalized_sharpness_nce`).
@@ -402,21 +410,22 @@ def _context_for_loss(ctx: MeasureContext, loss_name: str) -> MeasureContext:
 
 def layer_problems(ctx: MeasureContext, loss_name: str | None = None
                    ) -> tuple[list[tuple[str, Tensor, Tensor]], dict[str, Any]]:
-    """Per weight layer (forward order): (name, H, Q) from the exact (or estimated) Hessian diagonal.
+    """Per weight matrix (`shared.matrices`, forward order): (name, H, Q) from the exact (or estimated)
+    Hessian diagonal.
 
-    Returns the problems and diagnostics: the diagonal's method and the number of negative diagonal
-    entries clamped to 0.
+    Returns the problems and diagnostics: the diagonal's method, the number of negative diagonal entries
+    clamped to 0 and the parameters left out (`left_out`: biases, normalization layers, other).
     """
     sub = _context_for_loss(ctx, loss_name or ctx.loss_name)
     result = shared.hessian_diagonal(sub)
-    layers = shared.layers(ctx)
     problems, negative = [], 0
-    for layer in layers:
-        diag = result.diag[f"{layer.name}.weight" if layer.name else "weight"]
+    for matrix in shared.matrices(ctx):
+        diag = matrix.part(result.diag[matrix.param])
         negative += int((diag < 0).sum())
-        h, q = reduce_layer(diag.clamp_min(0), layer.module.weight)
-        problems.append((layer.name, h, q))
-    info = {"loss": sub.loss_name, "diagonal_method": result.method, "negative_diagonal_clamped": negative}
+        h, q = reduce_layer(diag.clamp_min(0), matrix.weight)
+        problems.append((matrix.name, h, q))
+    info = {"loss": sub.loss_name, "diagonal_method": result.method, "negative_diagonal_clamped": negative,
+            "left_out": shared.left_out(ctx)}
     if sub.loss_name == "normalized_ce":
         info["normalized_ce_tau"] = sub.normalized_ce_tau
     return problems, info
@@ -428,6 +437,9 @@ def layer_problems(ctx: MeasureContext, loss_name: str | None = None
                 "(closed form)",
     invariant_to=("layer", "bn"), cost="hessian", uses_loss=True)
 def matrix_normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
+    """Over every weight matrix (Linear, Conv, Embedding weights; an attention's q, k, v and output
+    projections, each its own); biases, normalization layers and other parameters are named in
+    `info["left_out"]` (module docstring: which matrices)."""
     problems, info = layer_problems(ctx)
     per_layer = {f"matrix_normalized_sharpness/{name}": matrix_normalized(h, q) for name, h, q in problems}
     return MeasureOutput({"matrix_normalized_sharpness": sum(per_layer.values()), **per_layer}, info)
@@ -501,7 +513,9 @@ PUBLISHED = {"published": {"solver": "published"}}
     invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="ce",
     settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness", s, NS_RULES))
 def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
-    """Normalized sharpness with the Hessian of the cross-entropy (Tsuzuku et al. §6.2's variant).
+    """Normalized sharpness with the Hessian of the cross-entropy (Tsuzuku et al. §6.2's variant), over every
+    weight matrix (an attention's q, k, v and output projections each its own problem); what it leaves out is
+    named in `info["left_out"]` (module docstring: which matrices).
 
     The `published` variant (`solver: published`) is not invariant to any rescaling (module doc).
     """
@@ -516,7 +530,8 @@ def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
     defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="normalized_ce",
     settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness_nce", s, NS_RULES))
 def normalized_sharpness_nce(ctx: MeasureContext) -> MeasureOutput:
-    """Normalized sharpness with the Hessian of `normalized_ce` (the paper's §6.1 choice).
+    """Normalized sharpness with the Hessian of `normalized_ce` (the paper's §6.1 choice), over the weight
+    matrices of `normalized_sharpness`; what it leaves out is named in `info["left_out"]`.
 
     The `published` variant (`solver: published`) is not invariant to any rescaling (module doc).
     """

@@ -14,6 +14,7 @@ checks both halves (tests/measures/test_invariance.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,37 +26,55 @@ from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_me
 from flatbench.measures.registry import setting_range
 
 
-def _layers(ctx: MeasureContext):
-    return shared.layers(ctx)
+def _matrices(ctx: MeasureContext):
+    return shared.matrices(ctx)
 
 
-@register_measure("frobenius_norm", description="Σ_l ‖W_l‖_F² over Linear/Conv weights", cost="cheap")
+def _left_out(ctx: MeasureContext) -> dict:
+    return {"left_out": shared.left_out(ctx)}
+
+
+@register_measure("frobenius_norm", description="Σ_l ‖W_l‖_F² over the weight matrices (Linear, Conv, Embedding, "
+                  "attention projections); what it leaves out in info.left_out", cost="cheap")
 def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
-    per_layer = {f"frobenius_norm/{l.name}": float(l.module.weight.detach().double().pow(2).sum())
-                 for l in _layers(ctx)}
-    return MeasureOutput({"frobenius_norm": sum(per_layer.values()), **per_layer})
+    """Σ_l ‖W_l‖_F² over every weight matrix (`flatbench.measures.layers.weight_matrices`): the weights of the
+    Linear, Conv1d/2d/3d, ConvTranspose and Embedding layers the forward pass calls, and of an
+    nn.MultiheadAttention its query, key, value and output projections (the sum over its stacked
+    `in_proj_weight` is the same whether counted as one matrix or three). Biases and normalization layers'
+    affine parameters are left out (Jiang et al. 2020 define the norm over the layers' weight matrices),
+    and so is any other parameter (a raw positional embedding, recurrent weights, a layer the forward pass
+    does not call): all are named in `info["left_out"]` by group (`biases`, `normalization`, `other`). A
+    parameter shared by several layers counts once."""
+    per_layer = {f"frobenius_norm/{m.name}": float(m.weight.double().pow(2).sum()) for m in _matrices(ctx)}
+    return MeasureOutput({"frobenius_norm": sum(per_layer.values()), **per_layer}, _left_out(ctx))
 
 
-@register_measure("frobenius_norm_product", description="log Π_l ‖W_l‖_F² (the product form, as a log)",
-                  cost="cheap")
+@register_measure("frobenius_norm_product", description="log Π_l ‖W_l‖_F² (the product form, as a log) over the "
+                  "weight matrices of frobenius_norm", cost="cheap")
 def frobenius_norm_product(ctx: MeasureContext) -> MeasureOutput:
-    """Σ_l log ‖W_l‖_F². Unchanged by `layer` rescaling on nets without BatchNorm only (see the module
+    """Σ_l log ‖W_l‖_F² over the weight matrices of `frobenius_norm` (an attention's query, key and value
+    projections are three factors, as three separate maps of their inputs; what is left out is named in
+    `info["left_out"]`). Unchanged by `layer` rescaling on nets without BatchNorm only (see the module
     docstring), hence no declared invariance."""
-    logs = [math.log(float(l.module.weight.detach().double().pow(2).sum())) for l in _layers(ctx)]
-    return MeasureOutput({"frobenius_norm_product": sum(logs)})
+    logs = [math.log(float(m.weight.double().pow(2).sum())) for m in _matrices(ctx)]
+    return MeasureOutput({"frobenius_norm_product": sum(logs)}, _left_out(ctx))
 
 
-def _operator_norm(layer, iters: int, tol: float, gen: torch.Generator) -> tuple[float, int]:
-    """Largest singular value of the layer's linear map (conv: the whole convolution operator)."""
-    w = layer.module.weight.detach()
-    if isinstance(layer.module, nn.Linear):
+def _conv_operator(conv: nn.Module, w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x ↦ the convolution of x by `w` without bias (the layer's linear map, padding mode included)."""
+    if isinstance(conv, nn.modules.conv._ConvTransposeNd):
+        fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[w.dim() - 2]
+        return lambda x: fn(x, w, None, conv.stride, conv.padding, conv.output_padding, conv.groups, conv.dilation)
+    return lambda x: conv._conv_forward(x, w, None)
+
+
+def _operator_norm(matrix, iters: int, tol: float, gen: torch.Generator) -> tuple[float, int]:
+    """Largest singular value of the matrix's linear map (a convolution: the whole convolution operator)."""
+    w = matrix.weight
+    if not matrix.is_conv:
         return float(torch.linalg.matrix_norm(w.double(), ord=2)), 0
-    conv = layer.module
-
-    def op(x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, w, None, conv.stride, conv.padding, conv.dilation, conv.groups)
-
-    x = torch.randn((1, *layer.input_shape), generator=gen, device=w.device, dtype=w.dtype)
+    op = _conv_operator(matrix.module, w)
+    x = torch.randn((1, *matrix.input_shape), generator=gen, device=w.device, dtype=w.dtype)
     x = x / x.norm()
     sigma_sq = 0.0
     for it in range(1, iters + 1):
@@ -70,24 +89,30 @@ def _operator_norm(layer, iters: int, tol: float, gen: torch.Generator) -> tuple
     return math.sqrt(max(sigma_sq, 0.0)), iters
 
 
-@register_measure("spectral_norm", description="log Π_l ‖W_l‖_2² (conv layers: power iteration on the "
-                  "convolution operator)", cost="cheap", defaults={"iters": 500, "tol": 1e-7},
-                  settings_help={"iters": "power-iteration steps at most per conv layer (Linear layers: exact "
+@register_measure("spectral_norm", description="log Π_l ‖W_l‖_2² over the weight matrices of frobenius_norm (conv "
+                  "layers: power iteration on the convolution operator)", cost="cheap",
+                  defaults={"iters": 500, "tol": 1e-7},
+                  settings_help={"iters": "power-iteration steps at most per conv layer (other matrices: exact "
                                           "SVD); integer ≥ 1",
                                  "tol": "power iteration stops when ‖W‖₂² changes by at most tol (relative); > 0"},
                   check=lambda s: setting_range("spectral_norm", s, {"iters": ("min", 1), "tol": ("gt", 0)}))
 def spectral_norm(ctx: MeasureContext) -> MeasureOutput:
-    """Σ_l log ‖W_l‖_2² (a conv layer's operator norm by power iteration from a seeded start, so a scaled
-    layer gives the scaled norm to rounding). Unchanged by `layer` rescaling on nets without BatchNorm
-    only (see the module docstring), hence no declared invariance."""
+    """Σ_l log ‖W_l‖_2² over the weight matrices of `frobenius_norm`: Linear and Embedding weights and an
+    attention's projections by an exact SVD (the query, key and value projections each its own matrix, as
+    three separate maps of their inputs, rather than the stacked `in_proj_weight`, whose norm is that of x ↦
+    (W_q x, W_k x, W_v x) and would tie the three together); a convolution's (Conv1d/2d/3d, ConvTranspose)
+    norm is that of the whole convolution operator on the layer's input shape, by power iteration from a
+    seeded start, so a scaled layer gives the scaled norm to rounding. What is left out (biases,
+    normalization layers, other parameters) is named in `info["left_out"]`. Unchanged by `layer` rescaling
+    on nets without BatchNorm only (see the module docstring), hence no declared invariance."""
     gen = ctx.generator()
     values, iters = {}, {}
-    for layer in _layers(ctx):
-        sigma, it = _operator_norm(layer, ctx.settings["iters"], ctx.settings["tol"], gen)
-        values[f"spectral_norm/{layer.name}"] = sigma ** 2
-        iters[layer.name] = it
+    for matrix in _matrices(ctx):
+        sigma, it = _operator_norm(matrix, ctx.settings["iters"], ctx.settings["tol"], gen)
+        values[f"spectral_norm/{matrix.name}"] = sigma ** 2
+        iters[matrix.name] = it
     total = sum(math.log(v) for v in values.values())
-    return MeasureOutput({"spectral_norm": total, **values}, {"power_iterations": iters})
+    return MeasureOutput({"spectral_norm": total, **values}, {"power_iterations": iters, **_left_out(ctx)})
 
 
 def _squared_params(model: nn.Module) -> dict[str, torch.Tensor]:

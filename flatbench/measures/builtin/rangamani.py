@@ -2,9 +2,12 @@
 
     scale_invariant_rangamani = λ_max(D^{1/2} H D^{1/2}) / (2 + 2 L_S),   D = blockdiag(‖W_l‖_F² I)
 
-with H the Hessian of the mean loss L_S over the Linear / Conv2d **weights** only (biases and BatchNorm's
-affine parameters are held fixed; BatchNorm uses its running statistics, eval mode), W_l the weight
-tensor of layer l.
+with H the Hessian of the mean loss L_S over the **weight matrices** only, W_l the l-th of them: every weight
+matrix of `flatbench.measures.layers.weight_matrices` (Linear, Conv, Embedding weights; an attention's query,
+key, value and output projections, each its own block of D, so that scaling one of them as a whole leaves the
+operator unchanged as below). Biases, BatchNorm's and the other normalization layers' affine parameters and
+any other parameter (a raw positional embedding) are held fixed, and named in `info["left_out"]`; BatchNorm
+uses its running statistics (eval mode).
 
 Invariance. A layer rescaling (W_l ← α W_l, b_l ← α b_l, W_{l+1} ← W_{l+1}/α) multiplies the weight block
 of layer l by α and of l+1 by 1/α: with A = blockdiag(α_l I), H ← A⁻¹ H A⁻¹ and D^{1/2} ← A D^{1/2}, and
@@ -66,23 +69,22 @@ def power_iteration(matvec: Callable[[Tensor], Tensor], start: Tensor, *, tol: f
 
 
 def scaled_operator(ctx: MeasureContext) -> tuple[Callable[[Tensor], Tensor], list[str], Tensor]:
-    """v ↦ D^{1/2} H D^{1/2} v on the flat vector of weights, the weight names, and D^{1/2} (flat)."""
-    layers = shared.layers(ctx)
+    """v ↦ D^{1/2} H D^{1/2} v on the flat vector of the weight matrices (`shared.matrices`), their names, and
+    D^{1/2} (flat)."""
+    matrices = shared.matrices(ctx)
     params = {name: p.detach() for name, p in ctx.model.named_parameters()}
-    names = [f"{layer.name}.weight" for layer in layers]
-    names = [n for i, n in enumerate(names) if n in params and n not in names[:i]]
-    sqrt_d = torch.cat([params[n].norm().expand(params[n].numel()) for n in names])
-    sizes = [params[n].numel() for n in names]
+    sqrt_d = torch.cat([m.weight.norm().expand(m.weight.numel()) for m in matrices])
+    sizes = [m.weight.numel() for m in matrices]
 
     def matvec(v: Tensor) -> Tensor:
         scaled = sqrt_d * v.to(sqrt_d.dtype)
         vec = {k: torch.zeros_like(p) for k, p in params.items()}
-        for n, part in zip(names, torch.split(scaled, sizes)):
-            vec[n] = part.view_as(params[n])
+        for m, part in zip(matrices, torch.split(scaled, sizes)):
+            m.part(vec[m.param]).copy_(part.view_as(m.weight))
         hv = ctx.hessian @ vec
-        return sqrt_d * torch.cat([hv[n].reshape(-1) for n in names])
+        return sqrt_d * torch.cat([m.part(hv[m.param]).reshape(-1) for m in matrices])
 
-    return matvec, names, sqrt_d
+    return matvec, [m.name for m in matrices], sqrt_d
 
 
 def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tuple[float, dict[str, Any]]:
@@ -94,7 +96,8 @@ def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tup
     lam = out["eigenvalues"][0]
     rel = out["residuals"][0] / max(abs(lam), 1e-300)
     info: dict[str, Any] = {"method": "lanczos", "weights": len(names), "iterations": out["iterations"],
-                            "converged": out["converged"], "residual": rel, "tol": tol, "max_iter": max_iter}
+                            "converged": out["converged"], "residual": rel, "tol": tol, "max_iter": max_iter,
+                            "left_out": shared.left_out(ctx)}
     if not out["converged"]:
         info["warning"] = (f"Lanczos did not converge in {max_iter} iterations: relative residual "
                            f"{rel:.2e} > tol {tol:g}; λ is a lower bound of λ_max (raise max_iter)")
@@ -104,8 +107,7 @@ def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tup
 @register_measure(
     "scale_invariant_rangamani",
     description="Rangamani et al. 2019: λ_max(D^½ H D^½)/(2+2L_S), D = blockdiag(‖W_l‖_F² I) over the "
-                "weights "
-                "(Lanczos on HVPs)",
+                "weight matrices (Lanczos on HVPs)",
     invariant_to=("layer", "bn"), cost="hessian", defaults={"tol": 1e-4, "max_iter": 200}, uses_loss=True,
     exact=False, precision="float32",
     settings_help={"tol": "Lanczos stops when the Ritz pair's residual is at most tol × |λ|; > 0",
@@ -113,7 +115,9 @@ def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tup
                                "integer ≥ 1"},
     check=lambda s: setting_range("scale_invariant_rangamani", s, {"tol": ("gt", 0), "max_iter": ("min", 1)}))
 def scale_invariant_rangamani(ctx: MeasureContext) -> MeasureOutput:
-    """λ_max of the layer-norm-scaled weight Hessian over 2 + 2 L_S (see the module docstring)."""
+    """λ_max of the layer-norm-scaled weight Hessian over 2 + 2 L_S (see the module docstring), over every weight
+    matrix (an attention's q, k, v and output projections each its own block of D); the parameters held fixed
+    are named in `info["left_out"]`."""
     lam, info = scaled_top_eigenvalue(ctx, float(ctx.settings["tol"]), int(ctx.settings["max_iter"]))
     loss = mean_loss(ctx)
     info.update(lambda_max=lam, loss=loss)

@@ -15,6 +15,11 @@ Hessian), hence Tr H_{s,s'} = (1/n) Σ_n G_n[s,s'] ‖φ_n‖² and
 
 one forward pass, no Hessian-vector products. Only W enters (not the bias), as in the paper.
 
+*Parameters.* The curvature is that of the last layer's weights W alone, by definition (Petzka et al. measure
+one layer, the one whose inputs are the features); no parameter is left out of the value, though: every
+other parameter (the bias, every earlier layer, normalization layers, an embedding) enters through the
+features φ and the logits (G_n), so `info` names the layer (`layer`) and has no `left_out`.
+
 Invariances. `layer`: rescaling the layer that produces φ by α (and W by 1/α) scales ‖φ‖² by α² and W Wᵀ
 by 1/α²; rescalings between earlier layers change neither φ nor W. So κ is exactly layer-invariant.
 Petzka's neuron-wise invariance concerns the *output* neurons of the feature layer (w_s → λ_s w_s, with
@@ -48,8 +53,10 @@ from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicab
 
 
 def last_linear(model: nn.Module) -> tuple[str, nn.Linear]:
-    """The last nn.Linear in `model.modules()` order (the feature → logit layer)."""
-    found = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    """The last nn.Linear in `model.modules()` order (the feature → logit layer), not counting an
+    nn.MultiheadAttention's `out_proj` (a Linear the attention uses without calling it)."""
+    inside = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside]
     if not found:
         raise NotApplicable("the model has no nn.Linear layer (relative flatness needs a feature → logit "
                             "layer)")
