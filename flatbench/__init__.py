@@ -6,13 +6,14 @@ trained model and reports how well each measure ranks the models by their genera
 The public API (imported lazily, so `import flatbench` is instant):
 
     flatbench.measure(model, (x, y), ["hessian_trace", "path_norm"])    # any nn.Module → a DataFrame
+    flatbench.verify(model, (x, y))        # its curvature against the dense Hessian, check by check
     from flatbench import register_measure, MeasureContext, NotApplicable   # writing a measure plugin
 """
 
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["MeasureContext", "MeasureOutput", "NotApplicable", "load_plugins", "measure", "register_measure"]
+__all__ = ["MeasureContext", "MeasureOutput", "NotApplicable", "load_plugins", "measure", "register_measure", "verify"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,6 +21,10 @@ def __getattr__(name: str) -> Any:
         from flatbench.api import measure  # lazy: `import flatbench` must stay instant
 
         return measure
+    if name == "verify":
+        from flatbench.verification import verify  # lazy: `import flatbench` must stay instant
+
+        return verify
     if name == "load_plugins":
         from flatbench.measures.registry import load_plugins  # lazy: `import flatbench` must stay instant
 

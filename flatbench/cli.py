@@ -380,10 +380,17 @@ def describe(name: str, plugins: tuple[str, ...], markdown: bool) -> None:
 @click.option("--cases", default=None, help="Comma-separated catalogue cases (default: all of them: "
               "mlp, mlp_nobias, mlp_bn, mlp_psi, lenet, wrn).")
 @click.option("--families", default=None, help="Comma-separated rescaling families (default: all four).")
-def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, families: str | None) -> None:
-    """Check NAME's declared invariances on the catalogue of small trained models, rescaled with large
-    random factors by every family; show which undeclared ones break it; check that it is finite and
-    deterministic (or reports its standard error). Exit code 1 when a check fails."""
+@click.option("--factory", default=None, help="Check on a model of one's own too: file.py:function or "
+              "pkg.module:function (with --data; then the catalogue only where --cases names it).")
+@click.option("--data", "dataset", default=None, help="The dataset of --factory: a built-in name or an .npz file.")
+@click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into --factory's model.")
+@click.option("--n-examples", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Training examples --factory's model is measured on.")
+def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, families: str | None,
+                  factory: str | None, dataset: str | None, checkpoint: str | None, n_examples: int) -> None:
+    """Check NAME's declared invariances on the catalogue of small trained models (or on --factory's model),
+    rescaled with large random factors by every family; show which undeclared ones break it; check that it
+    is finite and deterministic (or reports its standard error). Exit code 1 when a check fails."""
     # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.measures import contract
     from flatbench.measures.registry import get_measure
@@ -391,7 +398,20 @@ def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, famili
 
     _load_plugins(plugins)
     spec = get_measure(name)
-    chosen_cases = _choices(cases, contract.CASES, "case")
+    if (factory is None) != (dataset is None):
+        raise FlatbenchError("check-measure: --factory and --data go together")
+    chosen_cases: list = list(_choices(cases, contract.CASES, "case")) if cases or factory is None else []
+    if factory is not None:
+        from flatbench.api import factory_model
+
+        from flatbench.losses import get_loss
+        from flatbench.measures.arguments import trial_forward
+
+        model, x, y = factory_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples)
+        own = contract.own_case(f"own:{factory}", model, x, y, 0)
+        own = contract.own_case(own.name, own.model, own.inputs, own.targets,
+                                trial_forward(own.model, own.inputs, own.targets, get_loss("ce")))
+        chosen_cases.append(own)
     chosen_families = _choices(families, FAMILIES, "family")
     click.echo(f"checking {spec.name} ({spec.origin if spec.origin != 'builtin' else 'built-in'}; declared "
                f"invariant to: {', '.join(sorted(spec.invariant_to)) or 'none'}) on {len(chosen_cases)} trained "
@@ -411,6 +431,41 @@ def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str
     if unknown or not chosen:
         raise FlatbenchError(f"unknown {what} '{unknown[0] if unknown else text}' (choose from: {', '.join(allowed)})")
     return chosen
+
+
+@cli.command("verify")
+@click.argument("factory")
+@click.option("--data", "dataset", required=True,
+              help="The dataset: a built-in name (mnist_mini, mnist, fashion_mnist, cifar10) or an .npz file.")
+@click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into the model.")
+@click.option("--n-examples", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Examples the Hessians are taken over (a seeded class-balanced subset of the training set).")
+@click.option("--params", "max_params", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Parameters compared: a larger model is cut to a seeded slice of this many, from every tensor "
+                   "(the dense Hessian costs one backward pass per parameter compared).")
+@click.option("--loss", default="ce", show_default=True,
+              help="The loss: ce, normalized_ce, mse, or file.py:function.")
+@click.option("--hvp-mode", default="auto", show_default=True,
+              type=click.Choice(["auto", "rev_fwd", "fwd_rev", "double_backward"]),
+              help="The Hessian-vector-product mode to verify as flatbench uses it.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the model's init, the slice and probes.")
+def verify(factory: str, dataset: str, checkpoint: str | None, n_examples: int, max_params: int, loss: str,
+           hvp_mode: str, seed: int) -> None:
+    """Check flatbench's curvature on a model of one's own against its dense Hessian: FACTORY
+    (file.py:function or pkg.module:function) with --checkpoint weights, on --n-examples of --data. Each
+    derivative mode's Hessian-vector product, the shared diagonal, hessian_trace (exact and Hutch++),
+    hessian_max_eig and hessian_density, in float64, on the model or a slice of --params of its parameters.
+    Exit code 1 when a check of flatbench's results fails."""
+    # lazy: `flatbench --help` must not import torch
+    from flatbench.api import factory_model
+    from flatbench.verification import format_table, verify as run_verify
+
+    model, x, y = factory_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, seed=seed)
+    df = run_verify(model, (x, y), loss=loss, n_examples=None, max_params=max_params, seed=seed, hvp_mode=hvp_mode)
+    for line in format_table(df):
+        click.echo(line)
+    if df.attrs["failed"]:
+        sys.exit(1)
 
 
 @cli.command("measure-model")

@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbench.curvature import check_mode  # noqa: E402
-from flatbench.curvature.hvp import _hvp  # noqa: E402 - the product in exactly one mode, no check
+from flatbench.curvature.hvp import product_in_mode  # noqa: E402 - the product in exactly one mode, no check
 from flatbench.losses import get_loss  # noqa: E402
 
 MODES = ("double_backward", "rev_fwd", "fwd_rev")
@@ -162,7 +162,7 @@ def main() -> None:
                         continue
                     start = time.perf_counter()
                     try:
-                        out[mode] = _hvp(model, x, y, loss, v, args.chunk_size, mode)
+                        out[mode] = product_in_mode(model, x, y, loss, v, args.chunk_size, mode)
                     except (NotImplementedError, RuntimeError) as exc:
                         out[mode] = type(exc).__name__ + ": " + str(exc).splitlines()[0][:60]
                         continue

@@ -17,14 +17,14 @@ PACKAGE = ROOT / "flatbench"
 
 FLOORS = {
     "flatbench.cli": 6, "flatbench.__main__": 6,
-    "flatbench.study": 5, "flatbench.api": 5,
+    "flatbench.study": 5, "flatbench.api": 5, "flatbench.verification": 5,
     "flatbench.measures": 4, "flatbench.analysis": 4,
     "flatbench.training": 3, "flatbench.curvature": 3, "flatbench.rescale": 3,
     "flatbench.data": 2, "flatbench.models": 2,
     "flatbench.config": 1, "flatbench.store": 1, "flatbench.losses": 1,
     "flatbench.errors": 0, "flatbench.seeding": 0, "flatbench.userspec": 0, "flatbench": 0,
 }
-PUBLIC_API = {"flatbench.api", "flatbench.measures.plugin", "flatbench.measures.registry"}
+PUBLIC_API = {"flatbench.api", "flatbench.verification", "flatbench.measures.plugin", "flatbench.measures.registry"}
 """What the package's own `__init__` re-exports, lazily (`flatbench.measure`, `register_measure`, ...): its
 only imports, from above everything else; importing `flatbench` itself loads only `__version__`."""
 """Each module (or package) and its floor: a module may import only from its own floor or below."""

@@ -62,7 +62,7 @@ def hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: 
     with math_attention():
         used, check, reason = resolve_mode(model, inputs, targets, loss, asked, chunk_size)
         note_product(asked, used, check, reason)
-        return _hvp(model, inputs, targets, loss, vec, chunk_size, used)
+        return product_in_mode(model, inputs, targets, loss, vec, chunk_size, used)
 
 
 def resolve_mode(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, asked: str,
@@ -93,9 +93,9 @@ def check_mode(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable
     size = sum(p.numel() for p in params.values())
     v = torch.randn(size, generator=gen, dtype=torch.float64).to(device=first.device, dtype=first.dtype)
     x, y = inputs[:chunk_size], targets[:chunk_size]
-    reference = _hvp(model, x, y, loss, v, chunk_size, REFERENCE_MODE)
+    reference = product_in_mode(model, x, y, loss, v, chunk_size, REFERENCE_MODE)
     try:
-        got = _hvp(model, x, y, loss, v, chunk_size, mode)
+        got = product_in_mode(model, x, y, loss, v, chunk_size, mode)
     except (NotImplementedError, RuntimeError) as exc:
         if not forward_ad_missing(exc):
             raise
@@ -114,7 +114,7 @@ def math_attention() -> Any:
         return contextlib.nullcontext()
 
 
-def _hvp(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: dict[str, Tensor] | Tensor,
+def product_in_mode(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Callable, vec: dict[str, Tensor] | Tensor,
          chunk_size: int, mode: str) -> dict[str, Tensor] | Tensor:
     """The product in exactly `mode` (no check, no fallback)."""
     params = detached_params(model)

@@ -190,6 +190,34 @@ def transformed(name: str, family: str | None, factors: str = "invariance") -> n
     return out
 
 
+def transformed_case(c: Case, family: str, seed: int = 0) -> nn.Module:
+    """A case of one's own (`own_case`) after one seeded `family` transformation with invariance factors; the
+    function is checked to be unchanged."""
+    low, high = FACTORS["invariance"]
+    out = rescale.transform(c.model, family, torch.Generator().manual_seed(7000 + seed
+                                                                        + rescale.FAMILIES.index(family)), low, high)
+    change = rescale.function_change(c.model, out, c.inputs, family)
+    if not change < FUNCTION_RTOL:
+        raise AssertionError(f"{family} changed the function of {c.name} by {change:.2e}")
+    return out
+
+
+def own_case(name: str, model: nn.Module, inputs: Tensor, targets: Tensor, num_classes: int,
+             config: dict[str, Any] | None = None) -> Case:
+    """A model of one's own as a case of the contract (`check-measure --factory`): a float64 copy in eval
+    mode on its data (floating inputs in float64)."""
+    net = copy.deepcopy(model).to(DTYPE).eval()
+    x = inputs.to(DTYPE) if inputs.is_floating_point() else inputs
+    return Case(name, net, x, targets, num_classes, dict(config or {}))
+
+
+def families_of(c: str | Case) -> frozenset[str]:
+    """The rescaling families that apply to a case (a catalogue case's are known without building it)."""
+    if isinstance(c, str):
+        return FAMILIES_OF.get(c, frozenset())
+    return frozenset(f for f, ok in rescale.applicable_families(c.model).items() if ok is True)
+
+
 @cache
 def shared_context(name: str, family: str | None, factors: str = "invariance") -> MeasureContext:
     """One context (and cache) per case and transformation, shared by every measure."""
@@ -272,17 +300,19 @@ class CheckReport:
     """Why the check fails (a declared invariance broken, a non-finite or nondeterministic value)."""
 
 
-def check_measure(name: str, *, cases: tuple[str, ...] | list[str] = CASES,
+def check_measure(name: str, *, cases: tuple[str | Case, ...] | list[str | Case] = CASES,
                   families: tuple[str, ...] | list[str] = rescale.FAMILIES,
                   settings: dict[str, Any] | None = None) -> CheckReport:
-    """Apply the contract to one registered measure on the catalogue (see the module docstring)."""
+    """Apply the contract to one registered measure on the catalogue (see the module docstring); a case may
+    also be a model of one's own (`own_case`), rescaled by every family that applies to it."""
     spec = get_measure(name)
     rows: list[CheckRow] = []
     problems: list[str] = []
     applies_somewhere = False
     broken: dict[str, list[str]] = {}
-    for cname in cases:
-        ctx = context(cname)  # a fresh cache: the measure's own work, not another's
+    for which in cases:
+        cname = which if isinstance(which, str) else which.name
+        ctx = context(which)  # a fresh cache: the measure's own work, not another's
         first = run_measure(spec, ctx, settings)
         if isinstance(first, NotApplicable):
             rows.append(CheckRow(cname, "-", False, math.nan, math.nan, math.nan, math.nan, "not applicable",
@@ -295,7 +325,7 @@ def check_measure(name: str, *, cases: tuple[str, ...] | list[str] = CASES,
             continue
         applies_somewhere = True
         v0 = headline(first, spec)
-        second = run_measure(spec, context(cname), settings)
+        second = run_measure(spec, context(which), settings)
         v_again = headline(second, spec) if isinstance(second, MeasureOutput) else math.nan
         note, verdict = "finite, deterministic", "ok"
         if not math.isfinite(v0):
@@ -313,10 +343,11 @@ def check_measure(name: str, *, cases: tuple[str, ...] | list[str] = CASES,
         rows.append(CheckRow(cname, "-", False, v0, v_again, rel_change(v0, v_again) if math.isfinite(v_again)
                              else math.nan, 0.0, verdict, note))
         for family in families:
-            if family not in FAMILIES_OF.get(cname, ()):
+            if family not in families_of(which):
                 continue
             declared = family in spec.invariant_to and not spec.base
-            after = run_measure(spec, context(cname, transformed(cname, family)), settings)
+            model = transformed(cname, family) if isinstance(which, str) else transformed_case(which, family)
+            after = run_measure(spec, context(which, model), settings)
             if isinstance(after, Exception):
                 rows.append(CheckRow(cname, family, declared, v0, math.nan, math.nan, math.nan, "error",
                                      f"{type(after).__name__}: {after}"))

@@ -39,7 +39,7 @@ from torch import Tensor
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import FAMILIES, MeasureOutput, NotApplicable, register_measure
 from flatbench.measures.shared import hessian_diagonal, hutchinson_diagonal
-from flatbench.measures.shared import hvp as _hvp
+from flatbench.measures.shared import hvp as product_in_mode
 from flatbench.measures.shared import layers as weight_layers
 from flatbench.measures.shared import left_out
 from flatbench.measures.shared import matrices as weight_matrices
@@ -48,7 +48,7 @@ from flatbench.measures.shared import matrices as weight_matrices
 def hvp(ctx: MeasureContext, vector: dict[str, Tensor] | Tensor) -> Any:
     """H v of the context's loss over its measurement set (`vector` keyed like `named_parameters()`, or
     flat); forward-over-reverse where the model allows it, else double backward."""
-    return _hvp(ctx, vector)
+    return product_in_mode(ctx, vector)
 
 
 __all__ = ["FAMILIES", "MeasureContext", "MeasureOutput", "NotApplicable", "hessian_diagonal", "hutchinson_diagonal",

@@ -42,7 +42,7 @@ from torch.func import functional_call
 
 from flatbench.api import _as_tensors, measure_records
 from flatbench.curvature import HessianOperator, check_mode, math_attention
-from flatbench.curvature.hvp import _hvp, hvp
+from flatbench.curvature.hvp import product_in_mode, hvp
 from flatbench.curvature.modes import CHECKED_MODES, HVP_MODES, REFERENCE_MODE, hvp_log, use_hvp_mode
 from flatbench.curvature.operator import DENSE_MAX_PARAMS
 from flatbench.errors import FlatbenchError
@@ -280,7 +280,7 @@ def _product_rows(net: nn.Module, x: Tensor, y: Tensor, loss: Callable, selectio
     with math_attention():
         for mode in (REFERENCE_MODE, *CHECKED_MODES):
             try:
-                err = rel(on_slice(_hvp(net, x, y, loss, v, chunk_size, mode)))
+                err = rel(on_slice(product_in_mode(net, x, y, loss, v, chunk_size, mode)))
             except (NotImplementedError, RuntimeError) as exc:
                 rows.append(Row(f"HVP, {mode} as torch computes it", math.nan, math.nan, math.nan, EXACT_RTOL,
                                 "info", f"fails: {str(exc).splitlines()[0][:120]}"))
