@@ -1,6 +1,7 @@
 """flatbench beside BackPACK, curvlinops and PyHessian, in one process: the Hessian trace, the top eigenvalue
 and the spectral density of the cross-entropy loss, on a ReLU MLP, a Tanh MLP, torchvision's ResNet-18
-(32×32 inputs, a few images) and a small ViT (patch embedding, MultiheadAttention, LayerNorm, GELU).
+(32×32 inputs, a few images), a small ViT (patch embedding, MultiheadAttention, LayerNorm, GELU) and a
+pre-LayerNorm transformer on integer tokens.
 
 Every library gets the same model (float32, eval mode), the same data and, for the iterative methods, the
 same budget of Hessian-vector products (`--hvps`: Hutch++ / Hutchinson probes for the trace, Lanczos steps
@@ -20,7 +21,11 @@ for PyHessian the mean of its quadrature nodes weighted). A library that is not 
 attention in its plain (math) form, as flatbench does by itself: the fused attention kernels have no double
 backward.
 
-    PYTHONPATH=. python scripts/bench_api.py [--hvps 20] [--threads 1] [--models relu_mlp,tanh_mlp,resnet18,vit]
+    PYTHONPATH=. python scripts/bench_api.py [--hvps 20] [--threads 1] [--models relu_mlp,...,transformer]
+
+The `exact` rows are the dense Hessian's values in float64 (reverse over reverse), for the models of at
+most 3,000 parameters: the pre-LayerNorm transformer on integer tokens (`TinyTransformer`, issue 41's case,
+where reverse-over-forward Hessian-vector products are wrong in torch 2.14.1) among them.
 
 The peers are optional (`pip install flatbench[bench]`); nothing in flatbench needs them.
 """
@@ -65,6 +70,48 @@ class TinyViT(nn.Module):
         return self.head(t.mean(dim=1))
 
 
+class TinyTransformer(nn.Module):
+    """The issue-41 case: integer tokens, an embedding with learned positions, one pre-LayerNorm block
+    (nn.MultiheadAttention, a GELU MLP), a final LayerNorm, mean pooling: small enough (930 parameters) for the
+    dense Hessian, so the `exact` rows say which library is right."""
+
+    def __init__(self, vocab: int = 20, dim: int = 8, tokens: int = 8, classes: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, tokens, dim))
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = self.embed(tokens) + self.pos
+        h = self.norm1(t)
+        t = t + self.attn(h, h, h, need_weights=False)[0]
+        t = t + self.mlp(self.norm2(t))
+        return self.head(self.norm3(t).mean(dim=1))
+
+
+def exact_runs(hvps: int) -> dict[str, Callable]:
+    """The dense Hessian in float64 (reverse over reverse, `flatbench.verification.reference_hessian`):
+    the true trace, top eigenvalue and mean eigenvalue, for models small enough (`EXACT_MAX_PARAMS`)."""
+    def dense(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        from flatbench.losses import get_loss
+        from flatbench.verification import reference_hessian
+
+        if sum(p.numel() for p in m.parameters()) > EXACT_MAX_PARAMS:
+            raise RuntimeError(f"more than {EXACT_MAX_PARAMS} parameters")
+        net = m.double()
+        return reference_hessian(net, x.double() if x.is_floating_point() else x, y, get_loss("ce"))
+
+    return {"trace": lambda m, x, y: float(torch.trace(dense(m, x, y))),
+            "top eigenvalue": lambda m, x, y: float(torch.linalg.eigvalsh(dense(m, x, y))[-1]),
+            "density": lambda m, x, y: float(torch.trace(dense(m, x, y))) / sum(p.numel() for p in m.parameters())}
+
+
+EXACT_MAX_PARAMS = 3000
+
+
 def make(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """(model, inputs, targets) of a benchmark case, seeded."""
     torch.manual_seed(0)
@@ -79,8 +126,10 @@ def make(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         model, x = resnet18(num_classes=10), torch.randn(4, 3, 32, 32)
     elif name == "vit":
         model, x = TinyViT(), torch.randn(16, 3, 32, 32)
+    elif name == "transformer":
+        model, x = TinyTransformer(), torch.randint(0, 20, (64, 8))
     else:
-        raise SystemExit(f"unknown model {name!r} (relu_mlp, tanh_mlp, resnet18, vit)")
+        raise SystemExit(f"unknown model {name!r} (relu_mlp, tanh_mlp, resnet18, vit, transformer)")
     y = torch.arange(x.shape[0]) % 10
     return model.float().eval(), x, y
 
@@ -180,7 +229,7 @@ def pyhessian_runs(hvps: int) -> dict[str, Callable]:
 
 
 RUNNERS = {"flatbench": flatbench_runs, "backpack": backpack_runs, "curvlinops": curvlinops_runs,
-           "pyhessian": pyhessian_runs}
+           "pyhessian": pyhessian_runs, "exact": exact_runs}
 
 
 def timed(fn: Callable, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, float, str]:
@@ -205,12 +254,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hvps", type=int, default=20, help="HVP budget of the iterative methods")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--models", default="relu_mlp,tanh_mlp,resnet18,vit")
+    parser.add_argument("--models", default="relu_mlp,tanh_mlp,resnet18,vit,transformer")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# bench_api: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{args.threads} thread(s), float32, HVP budget {args.hvps}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    installed = {lib: lib == "flatbench" or importlib.util.find_spec(PEERS[lib]) is not None for lib in RUNNERS}
+    installed = {lib: lib in ("flatbench", "exact") or importlib.util.find_spec(PEERS[lib]) is not None for lib in RUNNERS}
     torch.manual_seed(0)  # warm-up: each library's imports and first-call costs, on a tiny MLP, untimed
     tiny = nn.Sequential(nn.Flatten(), nn.Linear(12, 4), nn.ReLU(), nn.Linear(4, 3))
     for lib in RUNNERS:
