@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 import flatbench
-from flatbench.curvature import DENSE_MAX_PARAMS, HessianOperator, math_attention, modes
+from flatbench.curvature import DENSE_MAX_PARAMS, HessianOperator, exact_applicable, math_attention, modes
 from flatbench.curvature.smooth import SMOOTH_REASON
 from flatbench.losses import get_loss
 from flatbench.seeding import probe_generator
@@ -204,6 +204,44 @@ def test_the_diagonal_is_exact_on_its_path(name: str) -> None:
         dense = op.dense_diagonal()
         assert dense.method == "exact" and dense.reason == "dense"
         assert_diagonal(dense.diag, c, h)
+
+
+class _ScaledBy(nn.Module):
+    """Linear → ReLU → h × c → Linear, with c a buffer, or h / c with c a number computed from the input
+    alone, or (not a constant) from the activations."""
+
+    def __init__(self, by: str) -> None:
+        super().__init__()
+        self.fc, self.head, self.by = nn.Linear(5, 6), nn.Linear(6, 3), by
+        self.register_buffer("scale", torch.tensor(0.7))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.fc(x))
+        if self.by == "buffer":
+            return self.head(h * self.scale)
+        return self.head(h / (10 + (x if self.by == "input" else h).sum(-1, keepdim=True)))
+
+
+@pytest.mark.parametrize("by", ["buffer", "input", "activations"])
+def test_a_product_with_a_number_of_the_parameters_is_not_piecewise_linear(by: str) -> None:
+    """The traced forward of a plain module qualifies it for the piecewise-linear exact diagonal only where
+    every product is with a constant: a buffer or a number computed from the input alone is one (the exact
+    diagonal then equals the dense Hessian's), a per-example number computed from the activations is not,
+    though on the one-example trace it is a one-element tensor like a constant (it was taken for one: the
+    diagonal, 'exact', was far off). The ReLU-network check of the path norm reads the same trace."""
+    torch.manual_seed(0)
+    model = _ScaledBy(by).double().eval()
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y = torch.arange(6) % 3
+    ok, reason = exact_applicable(model, x[:1])
+    assert ok == (by != "activations"), reason
+    diag = HessianOperator(model, x, y, get_loss("ce")).diagonal(dense_max_params=DENSE_MAX_PARAMS)
+    c = LayerCase(by, model, x, y, "ce", _ce, "piecewise" if ok else "dense")
+    assert assert_diagonal(diag.diag, c, reference_hessian(c)) <= EXACT_RTOL
+    if not ok:
+        assert "calls div" in reason and diag.reason.startswith("dense")
+        path = flatbench.measure(model, (x, y), ["path_norm"])
+        assert path.status.iloc[0] == "not_applicable" and "div" in path.reason.iloc[0]
 
 
 @cache
@@ -371,7 +409,7 @@ def test_density(name: str, mode: str) -> None:
     assert max(errors[k] for k in ("m1", "m2", "lambda_min", "lambda_max")) <= EXACT_RTOL, errors
     if mode == "auto":
         assert errors["m1_z"] <= Z and errors["m2_z"] <= Z, errors
-    assert entry_info(moments, "hessian_density")["hvps"] == DENSITY[mode]["runs"] * DENSITY[mode]["iters"]
+    assert entry_info(moments, "hessian_density")["hvps"] <= DENSITY[mode]["runs"] * DENSITY[mode]["iters"]
     assert entry_info(extremes, "hessian_density")["hvps"] <= max(h.shape[0], DENSITY[mode]["iters"])
     for df in (moments, extremes):
         assert_mode_recorded(entry_info(df, "hessian_density"), mode)
