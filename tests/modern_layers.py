@@ -29,7 +29,9 @@ family flatbench's curvature engine treats differently or that a derivative mode
   reverse-over-forward) it takes the fused `_native_multi_head_attention` fast path, which has no
   forward-mode derivative (nn.TransformerEncoderLayer likewise `_transformer_encoder_layer_fwd`); with
   autograd it runs F.scaled_dot_product_attention, in its math form under `math_attention()`;
-- `attention_math`      — explicit q/k/v Linear projections, softmax(q kᵀ/√d) v, an output Linear;
+- `attention_math`      — a pre-LN attention block written out: an input Linear, LayerNorm, explicit q/k/v
+  Linear projections, softmax(q kᵀ/√d) v, an output Linear, a residual addition (LayerNorm where no fused
+  attention kernel stops reverse-over-forward);
 - `embedding`           — integer tokens → Embedding → Flatten → Linear → Softplus → Linear;
 - `residual_relu`       — a residual block written as a plain nn.Module, x + W₂ ReLU(W₁ x), → ReLU → head,
   with a focal loss of its own (a callable): the piecewise-linear exact diagonal applies
@@ -142,17 +144,23 @@ class FusedAttention(nn.Module):
 
 
 class MathAttention(nn.Module):
-    """Explicit q/k/v projections and softmax(q kᵀ / √d) v (one head), an output projection; mean → head."""
+    """A pre-LN attention block written out on h = W x: h + o(softmax(q kᵀ / √d) v) with q, k, v Linear
+    projections of LayerNorm(h) (one head); mean → head. LayerNorm without nn.MultiheadAttention, whose fused
+    kernel stops reverse-over-forward, and on an input that depends on the parameters: in torch 2.14.1
+    reverse-over-forward is wrong through LayerNorm only then (relative error 0.2-0.6 on a Linear → LayerNorm
+    → Tanh net, 2e-16 with the LayerNorm on the data itself)."""
 
     def __init__(self, d: int = 4) -> None:
         super().__init__()
+        self.inp, self.ln = nn.Linear(d, d), nn.LayerNorm(d)
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
         self.head = nn.Linear(d, CLASSES)
 
     def forward(self, x: Tensor) -> Tensor:
-        scores = self.q(x) @ self.k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
-        a = torch.softmax(scores, dim=-1) @ self.v(x)
-        return self.head(self.o(a).mean(1))
+        h = self.inp(x)
+        a = self.ln(h)
+        scores = self.q(a) @ self.k(a).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        return self.head((h + self.o(torch.softmax(scores, dim=-1) @ self.v(a))).mean(1))
 
 
 class ResidualBlock(nn.Module):
