@@ -30,6 +30,13 @@ differently:
 `tiny_network(name)` is the second catalogue: untrained float64 nets of a few hundred parameters
 (`TINY_NETWORKS`), small enough for the full Hessian of `torch.autograd.functional.hessian`, which the
 curvature tests take as ground truth.
+
+tests/modern_layers.py (`layer_case(name)`, `MODERN_LAYERS`) is the third, beside this module: tiny float64
+models of modern layers (LayerNorm transformers pre- and post-LN, RMSNorm, GroupNorm, InstanceNorm,
+BatchNorm in eval mode, nn.MultiheadAttention fused and math, Embedding on integer tokens, residual blocks,
+SiLU / GELU / Softplus, losses of one's own), each with its data and loss, and their reference Hessian by
+reverse over reverse (`reference_hessian`; `dense_hessian` below is torch.func's forward over reverse);
+tests/curvature/test_modern_layers.py checks every curvature measure on them.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ PIECEWISE_LINEAR_OPS = frozenset({
     "adaptive_max_pool2d", "lift_fresh"})
 """aten operations that are piecewise linear in each of their tensor inputs (sums, copies, shape changes,
 ReLU, pooling, convolution and matrix products, BatchNorm with running statistics); `mul` and `div` count
-only with a plain number."""
+only with a constant (`traced_ops`: a number, or a one-element tensor not computed from the parameters)."""
 POSITIVELY_HOMOGENEOUS_OPS = PIECEWISE_LINEAR_OPS - {"hardtanh", "hardtanh_", "sub", "sub_", "neg"}
 """The subset with g(c·x) = c·g(x) for c > 0 that keeps positive inputs positive (what the path norm's
 squared-weights network needs): no clipping, no subtraction."""
@@ -71,19 +71,49 @@ squared-weights network needs): no clipping, no subtraction."""
 
 def traced_ops(model: nn.Module, example: Tensor) -> dict[str, str]:
     """The aten operations a forward pass of `model` on `example` calls (name → a call that shows it), with
-    `mul`/`div` by a plain number as `mul_scalar`, and BatchNorm with batch statistics as `batch_norm_train`."""
+    `mul`/`div` by a constant as `mul_scalar`, and BatchNorm with batch statistics as `batch_norm_train`.
+
+    A constant is a plain number or a one-element tensor that does not depend on the parameters (a buffer, a
+    number computed from the input alone): the trace follows which tensors are computed from a parameter, so
+    that a division by a per-example number computed from the activations (h / (1 + Σ_j h_j): one element
+    per example on the one-example trace) is not taken for a division by a constant. The trace runs without
+    autograd, which leaves no flag to tell the two apart (every intermediate has requires_grad False)."""
     seen: dict[str, str] = {}
+    dependent: dict[int, Tensor] = {id(p): p for p in model.parameters()}
+    """The tensors computed from a parameter, by id (held, so that no id is reused during the trace)."""
+
+    def depends(value: object) -> bool:
+        if isinstance(value, Tensor):
+            return id(value) in dependent
+        if isinstance(value, (list, tuple)):
+            return any(depends(v) for v in value)
+        if isinstance(value, dict):
+            return any(depends(v) for v in value.values())
+        return False
+
+    def mark(value: object) -> None:
+        if isinstance(value, Tensor):
+            dependent[id(value)] = value
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                mark(v)
 
     class _Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
             name = func.overloadpacket.__name__
-            if name in ("mul", "mul_", "div", "div_") and any(isinstance(a, (int, float)) for a in args[1:2]) or name in ("mul", "mul_", "div", "div_") and len(args) > 1 and isinstance(args[1], Tensor) \
-                    and args[1].numel() == 1 and not args[1].requires_grad:
-                name = "mul_scalar"
+            if name in ("mul", "mul_", "div", "div_") and len(args) > 1:
+                other = args[1]
+                if isinstance(other, (int, float)) or (isinstance(other, Tensor) and other.numel() == 1
+                                                       and not other.requires_grad and not depends(other)):
+                    name = "mul_scalar"
             if name in ("native_batch_norm", "_native_batch_norm_legit") and len(args) > 5 and args[5] is True:
                 name = "batch_norm_train"
             seen.setdefault(name, str(func))
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **kwargs)
+            if depends(args) or depends(kwargs):
+                mark(out)
+            return out
 
     with torch.no_grad(), _Record():
         model(example)
