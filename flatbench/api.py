@@ -263,6 +263,12 @@ def _frame(rows: list[tuple[str, str, float, str, str, float]]) -> Any:
         return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+MEASUREMENT_OPTIONS = ("hvp_mode", "dtype", "loss", "seed", "n_examples", "device", "checkpoint")
+"""`measure-model`'s options that hold for every measure (`--hvp-mode`, `--dtype`, ...): `--set` takes the
+settings of one measure (MEASURE.KEY=VALUE) only, and `--set hvp_mode=...` is refused in one line naming
+the option to use instead."""
+
+
 def settings_from_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """`measure.settings` from `MEASURE.KEY=VALUE` items (`measure-model --set`; the value parsed as YAML, as
     a study override's): a malformed item is one line (the names and values are checked by `measure`)."""
@@ -270,6 +276,9 @@ def settings_from_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dic
     for item in items:
         key, eq, text = item.partition("=")
         name, dot, setting = key.strip().rpartition(".")
+        if eq and not dot and setting in MEASUREMENT_OPTIONS:
+            raise FlatbenchError(f"--set '{item}': {setting} is not a measure setting but an option of the whole "
+                                 f"measurement: give it as --{setting.replace('_', '-')} {text.strip() or 'VALUE'}")
         if not eq or not dot or not name or not setting:
             raise FlatbenchError(f"--set '{item}' is not of the form MEASURE.KEY=VALUE (e.g. "
                                  "hessian_max_eig.iters=200)")
@@ -285,7 +294,7 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
                   measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
                   dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,
                   settings: dict[str, dict[str, Any]] | None = None, loss: str = "ce",
-                  plot: str | None = None) -> tuple[Any, Any]:
+                  plot: str | None = None, hvp_mode: str = "auto") -> tuple[Any, Any]:
     """`flatbench measure-model`: build the model of `factory` (file.py:function, pkg.module:function) for
     the dataset `data` (a built-in name or an .npz file), load `checkpoint` (a state dict, or a dict with
     one under `state_dict` or `model`), measure it on the first `n_examples` training examples (a seeded
@@ -316,7 +325,7 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     x, y = measurement_subset(ds, n_examples, seed)
     records = measure_records(model, (x, y), measures or ["all"], device=device, loss=loss,
                               dtype=torch.float64 if dtype == "float64" else torch.float32, settings=settings,
-                              plugins=plugins, seed=seed)
+                              plugins=plugins, seed=seed, hvp_mode=hvp_mode)
     df = records_to_frame(records)
     if plot is not None:
         from flatbench.measures.density_plot import plot_density
@@ -328,7 +337,7 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         context = {"model": factory, "checkpoint": checkpoint, "data": data, "n_examples": int(x.shape[0]),
-                   "dtype": dtype, "seed": seed}
+                   "dtype": dtype, "seed": seed, "hvp_mode": hvp_mode}
         atomic_write_json(out_dir / "measures.json", {k: {**r, "context": context} for k, r in records.items()})
         atomic_write_text(out_dir / "table.csv", df.to_csv(index=False))
     return df, out_dir

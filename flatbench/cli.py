@@ -431,12 +431,15 @@ def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str
               help="The loss of the loss-based measures: ce, normalized_ce, mse, or file.py:function.")
 @click.option("--plot", "plot", default=None, metavar="PATH",
               help="Draw the hessian_density spectrum into this PNG (adds hessian_density to the measures).")
+@click.option("--hvp-mode", "hvp_mode", default="auto", show_default=True,
+              type=click.Choice(["auto", "rev_fwd", "fwd_rev", "double_backward"]),
+              help="How Hessian-vector products are computed (measure.hvp_mode in a study config).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
               help="Where to measure.")
 @PLUGIN
 def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples: int | None, measures: str | None,
                   out_dir: str | None, dtype: str, seed: int, sets: tuple[str, ...], loss: str, plot: str | None,
-                  device: str, plugins: tuple[str, ...]) -> None:
+                  hvp_mode: str, device: str, plugins: tuple[str, ...]) -> None:
     """Measure a model of one's own: FACTORY is file.py:function or pkg.module:function (called with
     input_shape and num_classes where it takes them), with --checkpoint weights, on --data."""
     # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
@@ -454,7 +457,7 @@ def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples
     df, where = run_measure_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, measures=names,
                                   out=str(out) if out else None, device=str(resolve_device(device)), dtype=dtype,
                                   plugins=plugins, seed=seed, settings=settings_from_overrides(sets), loss=loss,
-                                  plot=plot)
+                                  plot=plot, hvp_mode=hvp_mode)
     heads = df[~df["key"].str.contains("/")]
     width = max([len(k) for k in heads["key"]] + [10])
     for _, row in heads.iterrows():
