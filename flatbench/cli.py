@@ -419,7 +419,7 @@ def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str
               help="The dataset: a built-in name (mnist_mini, mnist, fashion_mnist, cifar10) or an .npz file.")
 @click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into the model.")
 @click.option("--n-examples", type=click.IntRange(min=1), default=None,
-              help="Measure on a seeded class-balanced subset of this many training examples (default: all).")
+              help="Measure on a seeded random subset of this many training examples (default: all).")
 @click.option("--measures", "measures", default=None, help="Comma-separated measures (default: all).")
 @click.option("--out", "out_dir", default=None, help="Write measures.json and table.csv into this folder.")
 @click.option("--dtype", default="float64", show_default=True, type=click.Choice(["float64", "float32"]))
@@ -428,7 +428,8 @@ def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str
               help="A measure setting, as measure.settings in a study config (repeatable; `flatbench describe "
                    "MEASURE` lists them), e.g. --set hessian_max_eig.iters=200.")
 @click.option("--loss", default="ce", show_default=True,
-              help="The loss of the loss-based measures: ce, normalized_ce, mse, or file.py:function.")
+              help="The loss of the loss-based measures: ce, normalized_ce, mse (also on floating-point regression "
+                   "targets), or file.py:function.")
 @click.option("--plot", "plot", default=None, metavar="PATH",
               help="Draw the hessian_density spectrum into this PNG (adds hessian_density to the measures).")
 @click.option("--hvp-mode", "hvp_mode", default="auto", show_default=True,

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from flatbench.curvature import HessianOperator
-from flatbench.losses import get_loss
+from flatbench.losses import CLASSIFICATION_LOSSES, get_loss
+from flatbench.measures.registry import NotApplicable
 from flatbench.seeding import probe_generator
 
 
@@ -26,9 +27,12 @@ class MeasureContext:
     model: nn.Module
     """The trained model in eval mode, in the measure dtype, on the device."""
     inputs: torch.Tensor
-    """The measurement set: training inputs (normalized), shape (n, ...)."""
+    """The measurement set: training inputs (normalized), shape (n, ...); floating point in the measure
+    dtype, or integer token ids as they came."""
     targets: torch.Tensor
-    """The labels the model was trained on (the corrupted ones), shape (n,)."""
+    """The labels the model was trained on (the corrupted ones), class indices of shape (n,); or, given to
+    `flatbench.measure` / `measure-model`, floating-point regression targets (n,) or (n, k) in the measure
+    dtype (`regression`)."""
     num_classes: int
     run_id: str = "run"
     seed: int = 0
@@ -53,7 +57,17 @@ class MeasureContext:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.inputs.dtype
+        """The measure dtype: the inputs', or for integer inputs (token ids) the model's floating-point
+        parameters' (float64 for a model without any)."""
+        if self.inputs.is_floating_point():
+            return self.inputs.dtype
+        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float64)
+
+    @property
+    def regression(self) -> bool:
+        """Whether the targets are floating-point regression targets rather than class indices: then only
+        `mse` and a loss of one's own apply, not `ce` / `normalized_ce` (`loss_for`), and no accuracy."""
+        return self.targets.is_floating_point()
 
     @property
     def n(self) -> int:
@@ -62,8 +76,17 @@ class MeasureContext:
     @property
     def loss(self) -> Any:
         """The loss on the logits (`flatbench.losses`) selected for this context."""
+        self.check_loss(self.loss_name)
         return self.cached(("loss", self.loss_name, self.normalized_ce_tau),
                            lambda: get_loss(self.loss_name, tau=self.normalized_ce_tau))
+
+    def check_loss(self, loss_name: str) -> None:
+        """NotApplicable where a classification loss (`ce`, `normalized_ce`) meets regression targets: every
+        measure computed with it (its own fixed loss included) says so instead of failing."""
+        if self.regression and loss_name in CLASSIFICATION_LOSSES:
+            raise NotApplicable(f"the loss {loss_name} needs class-index targets; these are floating-point "
+                                f"regression targets {tuple(self.targets.shape)}, for which only mse (or a loss "
+                                "of one's own) is defined")
 
     @property
     def hessian(self) -> HessianOperator:
@@ -73,6 +96,7 @@ class MeasureContext:
 
     def hessian_of(self, loss_name: str) -> HessianOperator:
         """H of the loss `loss_name` (with this context's normalized-CE temperature) on the measurement set."""
+        self.check_loss(loss_name)
         loss = self.loss if loss_name == self.loss_name else get_loss(loss_name, tau=self.normalized_ce_tau)
         return HessianOperator(self.model, self.inputs, self.targets, loss, chunk_size=self.chunk_size)
 
