@@ -46,7 +46,6 @@ from flatbench.models import build_from_factory
 from flatbench.store import atomic_write_json, atomic_write_text, torch_load
 
 COLUMNS = ("measure", "key", "value", "status", "reason", "seconds")
-DEFAULT_TIMEOUT_S = MeasureConfig.timeout_s
 
 
 def _as_tensors(data: Any, n_examples: int | None, batch_fn: Callable[[Any], Any] | None = None
@@ -148,7 +147,7 @@ def measure(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, 
             loss: str | Callable[..., Any] = "ce", n_examples: int | None = None, device: str | torch.device = "cpu",
             dtype: torch.dtype = torch.float64, settings: dict[str, dict[str, Any]] | None = None,
             plugins: list[str] | tuple[str, ...] | None = None, seed: int = 0, hvp_mode: str = "auto",
-            chunk_size: int = 2000, max_memory_mb: int = 1024, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+            chunk_size: int = 2000, max_memory_mb: int = 1024, timeout_s: float | None = 3600.0,
             batch_fn: Callable[[Any], Any] | None = None) -> Any:
     """Compute flatness measures on any `nn.Module` with data of one's own.
 
@@ -188,9 +187,9 @@ def measure(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, 
 
     Returns:
         A pandas DataFrame, one row per result key, with the columns `measure`, `key`, `value`, `status`
-        (`ok`, `not_applicable`, `not_converged`, `non_finite`, `error`), `reason` and `seconds`;
-        `df.attrs["info"][key]` holds what each entry reports besides its values (method, iterations,
-        residuals, standard errors), keyed by the entry's key (e.g. `hessian_trace@mse`).
+            (`ok`, `not_applicable`, `not_converged`, `non_finite`, `error`), `reason` and `seconds`;
+            `df.attrs["info"][key]` holds what each entry reports besides its values (method, iterations,
+            residuals, standard errors), keyed by the entry's key (e.g. `hessian_trace@mse`).
     """
     return records_to_frame(measure_records(
         model, data, measures, loss=loss, n_examples=n_examples, device=device, dtype=dtype, settings=settings,
@@ -203,7 +202,7 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
                     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
                     settings: dict[str, dict[str, Any]] | None = None, plugins: list[str] | tuple[str, ...] | None = None,
                     seed: int = 0, hvp_mode: str = "auto", chunk_size: int = 2000, max_memory_mb: int = 1024,
-                    timeout_s: float | None = DEFAULT_TIMEOUT_S, batch_fn: Callable[[Any], Any] | None = None
+                    timeout_s: float | None = 3600.0, batch_fn: Callable[[Any], Any] | None = None
                     ) -> dict[str, dict[str, Any]]:
     """`measure`'s computation, returning its records instead of a DataFrame: a dict entry key → record,
     each record as a study's measures.json holds it (`measure`, `status`, `values` or `reason` / `error`,

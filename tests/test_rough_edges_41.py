@@ -429,3 +429,26 @@ def test_dict_and_list_batches_from_a_dataloader() -> None:
     _one_line("batch 1: the inputs are a list", flatbench.measure, net, [([1, 2], y[:2])], ["hessian_trace"])
     _one_line("batch 1: 8 inputs and 7 targets", flatbench.measure, net, [(x[:8], y[:7])], ["hessian_trace"])
     _one_line("batch_fn must be a function", flatbench.measure, net, dicts, ["hessian_trace"], batch_fn="ids")
+
+
+# ---------------------------------------------------------------- 7-8. the API's docstrings and page
+
+
+def test_the_api_timeout_default_is_a_studys() -> None:
+    import inspect
+
+    from flatbench.api import measure_records
+    from flatbench.config import MeasureConfig
+
+    for fn in (flatbench.measure, measure_records):
+        assert inspect.signature(fn).parameters["timeout_s"].default == MeasureConfig.timeout_s
+
+
+def test_measure_records_returns_what_its_docstring_says() -> None:
+    from flatbench.api import measure_records
+
+    assert "DataFrame" not in measure_records.__doc__.split("\n")[0] or "instead of a DataFrame" in \
+        measure_records.__doc__
+    records = measure_records(_mlp(), _data(), ["frobenius_norm"])
+    assert isinstance(records, dict) and records["frobenius_norm"]["status"] == "ok"
+    assert set(records["frobenius_norm"]) >= {"measure", "status", "values", "info", "settings", "seconds"}

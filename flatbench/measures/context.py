@@ -24,6 +24,10 @@ from flatbench.seeding import probe_generator
 
 @dataclass
 class MeasureContext:
+    """What a measure function sees (`ctx`): the model, the measurement set, the loss, the settings, seeded
+    generators and a cache shared by every measure of the model. Read `ctx.model`, `ctx.inputs`,
+    `ctx.targets`, `ctx.loss`, `ctx.hessian`, `ctx.settings`; draw random numbers from `ctx.generator(tag)`."""
+
     model: nn.Module
     """The trained model in eval mode, in the measure dtype, on the device."""
     inputs: torch.Tensor
@@ -34,13 +38,18 @@ class MeasureContext:
     `flatbench.measure` / `measure-model`, floating-point regression targets (n,) or (n, k) in the measure
     dtype (`regression`)."""
     num_classes: int
+    """The model's number of outputs (classes; for regression targets (n, k), k)."""
     run_id: str = "run"
     seed: int = 0
+    """The seed every random draw derives from (`generator`)."""
     loss_name: str = "ce"
+    """The loss of this computation: ce, normalized_ce, mse or a loss of one's own (`loss` is the function)."""
     normalized_ce_tau: float = 1.0
     chunk_size: int = 2000
+    """Examples per forward/backward chunk (`chunks`)."""
     max_memory_mb: int = 1024
     settings: dict[str, Any] = field(default_factory=dict)
+    """The measure's settings: its registered defaults with the user's `measure.settings` / `settings=`."""
     model_config: Any = None
     """The run's ModelConfig (None for ad-hoc models in tests)."""
     measure_name: str = ""
@@ -53,6 +62,7 @@ class MeasureContext:
 
     @property
     def device(self) -> torch.device:
+        """Where the measurement set and the model are."""
         return self.inputs.device
 
     @property
@@ -66,16 +76,18 @@ class MeasureContext:
     @property
     def regression(self) -> bool:
         """Whether the targets are floating-point regression targets rather than class indices: then only
-        `mse` and a loss of one's own apply, not `ce` / `normalized_ce` (`loss_for`), and no accuracy."""
+        `mse` and a loss of one's own apply, not `ce` / `normalized_ce`, and there is no accuracy."""
         return self.targets.is_floating_point()
 
     @property
     def n(self) -> int:
+        """The number of examples of the measurement set."""
         return int(self.inputs.shape[0])
 
     @property
     def loss(self) -> Any:
-        """The loss on the logits (`flatbench.losses`) selected for this context."""
+        """The loss on the logits selected for this context: `ctx.loss(logits, targets)` is the mean over the
+        rows, `ctx.loss.per_example(logits, targets)` the losses of each (shape (n,))."""
         self.check_loss(self.loss_name)
         return self.cached(("loss", self.loss_name, self.normalized_ce_tau),
                            lambda: get_loss(self.loss_name, tau=self.normalized_ce_tau))
@@ -106,6 +118,8 @@ class MeasureContext:
         return probe_generator(self.seed, self.measure_name, tag, device=self.device)
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`, computed once per key and kept in a cache every measure of the model shares (a key
+        that depends on the loss must include it)."""
         if key not in self.cache:
             self.cache[key] = compute()
         return self.cache[key]
