@@ -7,8 +7,9 @@ One row per result key (`measure`, `key`, `value`, `status`, `reason`, `seconds`
 apply to the model (path norm on a GELU network, the ψ measures on anything but a bias-free ReLU MLP, a
 rescaling family's layers missing) gives one row with status `not_applicable` and the reason; an iterative
 estimate stopped by its cap before its tolerance gives `not_converged` with the residual (its estimate in
-`info["values"]`); a measure that fails gives status `error` and the message. Each measure's extra
-information (method, iterations, standard errors) is in `df.attrs["info"][measure]`. A measure defined with
+`info["values"]`); a measure that fails gives status `error` and the message. Each entry's extra
+information (method, iterations, standard errors) is in `df.attrs["info"][key]`, keyed by the entry's key
+(`hessian_trace`, `hessian_trace@mse`). A measure defined with
 a loss of its own (`normalized_sharpness`, `fisher_rao_norm`, the PAC-Bayes searches) asked for with another
 loss says so in `reason`.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from flatbench.config.parse import MAX_TIMEOUT_S
 from flatbench.curvature import use_hvp_mode
 from flatbench.data import check_dataset_name, load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError
-from flatbench.losses import BUILTIN_LOSSES, get_loss
+from flatbench.losses import BUILTIN_LOSSES, CLASSIFICATION_LOSSES, get_loss
 from flatbench.measures.arguments import check_options, copy_model, trial_forward
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.in_place import InPlace, measurable_in_place
@@ -45,53 +46,155 @@ from flatbench.models import build_from_factory
 from flatbench.store import atomic_write_json, atomic_write_text, torch_load
 
 COLUMNS = ("measure", "key", "value", "status", "reason", "seconds")
-DEFAULT_TIMEOUT_S = MeasureConfig.timeout_s
 
 
-def _as_tensors(data: Any, n_examples: int | None) -> tuple[Tensor, Tensor]:
-    """(inputs, targets) from a pair of tensors or from an iterable of (inputs, targets) batches (a
-    DataLoader), the first `n_examples` of them."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        x, y = data
+def as_tensors(data: Any, n_examples: int | None, batch_fn: Callable[[Any], Any] | None = None
+                ) -> tuple[Tensor, Tensor]:
+    """(inputs, targets) from `data`: one batch (an (inputs, targets) pair of tensors, or a dict with
+    `batch_fn`) or an iterable of batches (a DataLoader of (inputs, targets) tuples or [inputs, targets]
+    lists, or of dicts with `batch_fn`), the first `n_examples` of them. Targets are class indices (n,) of
+    an integer type, or floating-point regression targets (n,) or (n, k). What cannot be used is one line."""
+    if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, int)
+                                   or n_examples < 1):
+        raise FlatbenchError(f"n_examples must be positive, got {n_examples}")
+    if batch_fn is not None and not callable(batch_fn):
+        raise FlatbenchError(f"batch_fn must be a function batch -> (inputs, targets), got {type(batch_fn).__name__}")
+    one_batch = isinstance(data, Mapping) or (isinstance(data, (tuple, list)) and len(data) == 2
+                                              and all(isinstance(t, Tensor) for t in data))
+    if one_batch:
+        x, y = _batch(data, batch_fn, None)
     elif isinstance(data, Iterable) and not isinstance(data, (Tensor, str, bytes)):
-        xs, ys, count = [], [], 0
-        for batch in data:
-            if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-                raise FlatbenchError("data: a DataLoader must give (inputs, targets) batches")
-            xs.append(batch[0])
-            ys.append(batch[1])
-            count += int(batch[0].shape[0])
+        xs: list[Tensor] = []
+        ys: list[Tensor] = []
+        count = 0
+        for i, batch in enumerate(data, start=1):
+            x, y = _batch(batch, batch_fn, i)
+            if xs:
+                _same_kind(i, "inputs", x, xs[0])
+                _same_kind(i, "targets", y, ys[0])
+            xs.append(x)
+            ys.append(y)
+            count += int(x.shape[0])
             if n_examples is not None and count >= n_examples:
                 break
         if not xs:
             raise FlatbenchError("data: the DataLoader gave no batches")
-        x, y = torch.cat(xs), torch.cat(ys)
+        x, y = (torch.cat(xs), torch.cat(ys)) if len(xs) > 1 else (xs[0], ys[0])
     else:
         raise FlatbenchError(f"data must be an (inputs, targets) pair of tensors or a DataLoader, got "
                              f"{type(data).__name__}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise FlatbenchError(f"data: {x.shape[0]} inputs and {y.shape[0]} targets (need the same, at least one)")
     if n_examples is not None:
-        if n_examples < 1:
-            raise FlatbenchError(f"n_examples must be positive, got {n_examples}")
         x, y = x[:n_examples], y[:n_examples]
-    if y.dtype.is_floating_point or y.ndim != 1:
-        raise FlatbenchError(f"data: targets must be class indices (n,) of an integer type, got {tuple(y.shape)} "
-                             f"{y.dtype}")
+    if y.dtype.is_floating_point:
+        if y.ndim not in (1, 2):
+            raise FlatbenchError(f"data: floating-point targets are regression targets, of shape (n,) or (n, k); "
+                                 f"got {tuple(y.shape)}")
+        if not bool(torch.isfinite(y).all()):
+            raise FlatbenchError("data: the regression targets hold NaN or infinite values")
+        return x, y
+    if y.dtype in (torch.bool, torch.complex64, torch.complex128) or y.ndim != 1:
+        raise FlatbenchError(f"data: targets must be class indices (n,) of an integer type, or floating-point "
+                             f"regression targets (n,) or (n, k); got {tuple(y.shape)} {y.dtype}")
     return x, y.long()
+
+
+def _batch(batch: Any, batch_fn: Callable[[Any], Any] | None, index: int | None) -> tuple[Tensor, Tensor]:
+    """One batch as (inputs, targets): through `batch_fn` when given, else an (inputs, targets) tuple or
+    list (further items ignored); a dict without `batch_fn` is one line naming its keys."""
+    where = "data" if index is None else f"data: batch {index}"
+    if batch_fn is not None:
+        try:
+            batch = batch_fn(batch)
+        except Exception as exc:  # noqa: BLE001 - the caller's function, reported in one line
+            text = str(exc).strip().splitlines()
+            raise FlatbenchError(f"{where}: batch_fn failed: {type(exc).__name__}: {text[0] if text else ''}"
+                                 [:300]) from None
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise FlatbenchError(f"{where}: batch_fn must return (inputs, targets), got {type(batch).__name__}"
+                                 + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    elif isinstance(batch, Mapping):
+        keys = [str(k) for k in batch]
+        first = next((k for k in ("input_ids", "inputs", "x", "pixel_values") if k in keys), "input_ids")
+        target = next((k for k in ("labels", "label", "targets", "target", "y") if k in keys), "labels")
+        raise FlatbenchError(f"{where} is a dict (keys: {', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''}): "
+                             f'pass batch_fn, a function batch -> (inputs, targets), e.g. '
+                             f'batch_fn=lambda b: (b["{first}"], b["{target}"])')
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise FlatbenchError(f"{where}: a DataLoader must give (inputs, targets) batches, got "
+                             f"{type(batch).__name__} (pass batch_fn, a function batch -> (inputs, targets))")
+    x, y = batch[0], batch[1]
+    for what, t in (("inputs", x), ("targets", y)):
+        if not isinstance(t, Tensor):
+            raise FlatbenchError(f"{where}: the {what} are a {type(t).__name__}, not a torch tensor")
+        if t.ndim == 0:
+            raise FlatbenchError(f"{where}: the {what} are a 0-d tensor; a batch holds n examples, shape (n, ...)")
+    if x.shape[0] != y.shape[0]:
+        raise FlatbenchError(f"{where}: {x.shape[0]} inputs and {y.shape[0]} targets (need the same)")
+    return x, y
+
+
+def _same_kind(index: int, what: str, t: Tensor, first: Tensor) -> None:
+    """A later batch's inputs or targets must have the first batch's shape per example and dtype."""
+    if t.shape[1:] != first.shape[1:] or t.dtype != first.dtype:
+        raise FlatbenchError(f"data: batch {index} has {what} of shape {tuple(t.shape[1:])} {t.dtype} per example, "
+                             f"batch 1 {tuple(first.shape[1:])} {first.dtype}: every batch must hold examples of "
+                             "one shape and dtype (pad or collate them to one, or use batch_fn)")
 
 
 def measure(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, ...] = "all", *,
             loss: str | Callable[..., Any] = "ce", n_examples: int | None = None, device: str | torch.device = "cpu",
             dtype: torch.dtype = torch.float64, settings: dict[str, dict[str, Any]] | None = None,
             plugins: list[str] | tuple[str, ...] | None = None, seed: int = 0, hvp_mode: str = "auto",
-            chunk_size: int = 2000, max_memory_mb: int = 1024, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Any:
-    """Compute `measures` (names, `all`, or a comma list) on `model` with `data` and return a DataFrame
-    (`measure_records`, one row per result key)."""
+            chunk_size: int = 2000, max_memory_mb: int = 1024, timeout_s: float | None = 3600.0,
+            batch_fn: Callable[[Any], Any] | None = None) -> Any:
+    """Compute flatness measures on any `nn.Module` with data of one's own.
+
+    Every argument is checked before any work; a bad one is a `FlatbenchError` (a `ValueError`) of one
+    line. Your model is measured in eval mode with every parameter trainable, in `dtype` on `device`, and
+    comes back in the mode, with the `requires_grad` flags, the gradients and the weights (bit for bit) it
+    had.
+
+    Args:
+        model: an `nn.Module` mapping a batch of inputs to logits / outputs of shape (n, C).
+        data: one batch, an `(inputs, targets)` pair of tensors, or an iterable of batches (a `DataLoader`
+            of `(inputs, targets)` tuples or `[inputs, targets]` lists; every batch of one shape per example
+            and dtype). Inputs: floating point (converted to `dtype`), or integer token ids, given to the
+            model as they are (a model starting with `nn.Embedding`). Targets: class indices (n,) of an
+            integer type, or floating-point regression targets (n,) or (n, k) (with `loss="mse"`; a
+            classification measure, such as the PAC-Bayes searches or one defined with cross-entropy, is then
+            `not_applicable`). A dict batch needs `batch_fn`.
+        measures: measure names, `"all"`, or a comma-separated string (`flatbench list-measures`).
+        loss: the loss of the loss-based measures: `"ce"`, `"normalized_ce"`, `"mse"` (mean squared error:
+            on one-hot targets for class indices, on the targets themselves for floating-point ones),
+            `"file.py:function"`, or a function `(logits, targets) -> per-example losses` of shape (n,).
+        n_examples: measure on the first n examples of `data` (default: all).
+        device: `"cpu"`, `"cuda"` or `"cuda:N"`.
+        dtype: `torch.float64` or `torch.float32`, the dtype the model is measured in.
+        settings: per-measure settings, `{measure: {setting: value}}`, as `measure.settings` in a study
+            config (`flatbench describe MEASURE` lists them).
+        plugins: measure plugin files or modules to load first.
+        seed: seeds every measure's random draws.
+        hvp_mode: how Hessian-vector products are computed: `"auto"`, `"rev_fwd"`, `"fwd_rev"` or
+            `"double_backward"`.
+        chunk_size: examples per forward/backward chunk.
+        max_memory_mb: the memory budget of the measures that size their work by it.
+        timeout_s: seconds one measure may take (None: no limit; the limit needs the main thread).
+        batch_fn: a function `batch -> (inputs, targets)` applied to every batch (and to `data` itself when
+            it is one batch), e.g. `lambda b: (b["input_ids"], b["labels"])` for a HuggingFace-style loader
+            of dicts.
+
+    Returns:
+        A pandas DataFrame, one row per result key, with the columns `measure`, `key`, `value`, `status`
+            (`ok`, `not_applicable`, `not_converged`, `non_finite`, `error`), `reason` and `seconds`;
+            `df.attrs["info"][key]` holds what each entry reports besides its values (method, iterations,
+            residuals, standard errors), keyed by the entry's key (e.g. `hessian_trace@mse`).
+    """
     return records_to_frame(measure_records(
         model, data, measures, loss=loss, n_examples=n_examples, device=device, dtype=dtype, settings=settings,
         plugins=plugins, seed=seed, hvp_mode=hvp_mode, chunk_size=chunk_size, max_memory_mb=max_memory_mb,
-        timeout_s=timeout_s))
+        timeout_s=timeout_s, batch_fn=batch_fn))
 
 
 def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tuple[str, ...] = "all", *,
@@ -99,15 +202,13 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
                     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
                     settings: dict[str, dict[str, Any]] | None = None, plugins: list[str] | tuple[str, ...] | None = None,
                     seed: int = 0, hvp_mode: str = "auto", chunk_size: int = 2000, max_memory_mb: int = 1024,
-                    timeout_s: float | None = DEFAULT_TIMEOUT_S) -> dict[str, dict[str, Any]]:
-    """Compute `measures` (names, `all`, or a comma list) on `model` with `data` and return a DataFrame.
+                    timeout_s: float | None = 3600.0, batch_fn: Callable[[Any], Any] | None = None
+                    ) -> dict[str, dict[str, Any]]:
+    """`measure`'s computation, returning its records instead of a DataFrame: a dict entry key → record,
+    each record as a study's measures.json holds it (`measure`, `status`, `values` or `reason` / `error`,
+    `info`, `settings`, `seconds`); `records_to_frame` makes `measure`'s DataFrame of them. The arguments
+    are `measure`'s.
 
-    `loss`: ce | normalized_ce | mse | `file.py:function` | a function (logits, targets) -> per-example
-    losses, for the loss-based measures. `n_examples`: use the first n of `data`. The model is measured in
-    `dtype` on `device`, in eval mode with every parameter trainable. `settings`: per-measure
-    settings as in `measure.settings`. `plugins`: measure plugin files or modules to load first. `seed`
-    seeds every measure's random draws. `hvp_mode`: auto | rev_fwd | fwd_rev | double_backward.
-    `timeout_s`: seconds one measure may take (None: no limit; the limit needs the main thread).
     Your model is left in the mode, with the `requires_grad` flags, the gradients and the tensors it came
     with: when only flatbench's code runs (built-in measures and loss) and it already is in `dtype` on
     `device`, it is measured in place and put back (`in_place.InPlace`; each measure runs under
@@ -127,7 +228,8 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     try:
         return _measure(model, data, names, in_place_allowed=state is None, loss=loss, n_examples=n_examples,
                         device=device, dtype=dtype, settings=settings, seed=seed, hvp_mode=hvp_mode,
-                        chunk_size=chunk_size, max_memory_mb=max_memory_mb, timeout_s=timeout_s)
+                        chunk_size=chunk_size, max_memory_mb=max_memory_mb, timeout_s=timeout_s,
+                        batch_fn=batch_fn)
     finally:
         if state is not None:
             state.restore(model)
@@ -157,7 +259,8 @@ class _CallerState:
 
 def _measure(model: nn.Module, data: Any, names: list[str], *, in_place_allowed: bool, loss: Any,
              n_examples: int | None, device: Any, dtype: torch.dtype, settings: dict | None, seed: int, hvp_mode: str,
-             chunk_size: int, max_memory_mb: int, timeout_s: float | None) -> dict[str, dict[str, Any]]:
+             chunk_size: int, max_memory_mb: int, timeout_s: float | None,
+             batch_fn: Callable[[Any], Any] | None) -> dict[str, dict[str, Any]]:
     """`measure_records` of the measures `names`, the arguments checked first: on the caller's model itself
     where `in_place.measurable_in_place` allows it, else on a copy."""
     if not isinstance(settings or {}, dict):
@@ -167,9 +270,13 @@ def _measure(model: nn.Module, data: Any, names: list[str], *, in_place_allowed:
     device = check_options(device=device, dtype=dtype, hvp_mode=hvp_mode, chunk_size=chunk_size,
                            max_memory_mb=max_memory_mb, seed=seed)
     loss_fn = get_loss(loss)
-    x, y = _as_tensors(data, n_examples)
-    x = x.to(device=device, dtype=dtype if x.dtype.is_floating_point else x.dtype)
-    y = y.to(device)
+    x, y = as_tensors(data, n_examples, batch_fn)
+    if y.dtype.is_floating_point and isinstance(loss, str) and loss in CLASSIFICATION_LOSSES:
+        raise FlatbenchError(f"data: the targets are floating point {tuple(y.shape)}, regression targets, and the "
+                             f"loss {loss} needs class indices: use the loss mse (loss='mse', measure-model "
+                             "--loss mse), or give integer class indices")
+    x = x.to(device=device, dtype=dtype if x.dtype.is_floating_point else x.dtype)  # token ids stay integers
+    y = y.to(device=device, dtype=dtype if y.dtype.is_floating_point else y.dtype)
     plan = dict(names=names, settings=settings, loss=loss, loss_fn=loss_fn, hvp_mode=hvp_mode, seed=seed,
                 chunk_size=chunk_size, max_memory_mb=max_memory_mb, timeout_s=timeout_s)
     if in_place_allowed and measurable_in_place(model, device, dtype, hvp_mode):
@@ -263,6 +370,12 @@ def _frame(rows: list[tuple[str, str, float, str, str, float]]) -> Any:
         return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+MEASUREMENT_OPTIONS = ("hvp_mode", "dtype", "loss", "seed", "n_examples", "device", "checkpoint")
+"""`measure-model`'s options that hold for every measure (`--hvp-mode`, `--dtype`, ...): `--set` takes the
+settings of one measure (MEASURE.KEY=VALUE) only, and `--set hvp_mode=...` is refused in one line naming
+the option to use instead."""
+
+
 def settings_from_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """`measure.settings` from `MEASURE.KEY=VALUE` items (`measure-model --set`; the value parsed as YAML, as
     a study override's): a malformed item is one line (the names and values are checked by `measure`)."""
@@ -270,6 +383,9 @@ def settings_from_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dic
     for item in items:
         key, eq, text = item.partition("=")
         name, dot, setting = key.strip().rpartition(".")
+        if eq and not dot and setting in MEASUREMENT_OPTIONS:
+            raise FlatbenchError(f"--set '{item}': {setting} is not a measure setting but an option of the whole "
+                                 f"measurement: give it as --{setting.replace('_', '-')} {text.strip() or 'VALUE'}")
         if not eq or not dot or not name or not setting:
             raise FlatbenchError(f"--set '{item}' is not of the form MEASURE.KEY=VALUE (e.g. "
                                  "hessian_max_eig.iters=200)")
@@ -285,9 +401,9 @@ def factory_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
                   seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
     """(model, inputs, targets) of a model of one's own: `factory` (file.py:function, pkg.module:function)
     built for the dataset `data` (a built-in name or an .npz file) with the torch RNG seeded by `seed`,
-    `checkpoint` loaded (a state dict, or a dict with one under `state_dict` or `model`), and the first
-    `n_examples` training examples (a seeded class-balanced subset; all of them for None). What
-    `measure-model`, `verify` and `check-measure --factory` measure."""
+    `checkpoint` loaded (a state dict, or a dict with one under `state_dict` or `model`), and `n_examples`
+    training examples (a seeded random subset; all of them for None). What `measure-model`, `verify` and
+    `check-measure --factory` measure."""
     check_dataset_name(data)
     ds = load_dataset(DataConfig(dataset=data), seed)
     if n_examples is not None and n_examples > ds.n_train:  # refused, never silently capped (as in studies)
@@ -313,13 +429,15 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
                   measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
                   dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,
                   settings: dict[str, dict[str, Any]] | None = None, loss: str = "ce",
-                  plot: str | None = None) -> tuple[Any, Any]:
+                  plot: str | None = None, hvp_mode: str = "auto") -> tuple[Any, Any]:
     """`flatbench measure-model`: build the model of `factory` (file.py:function, pkg.module:function) for
-    the dataset `data` (a built-in name or an .npz file), load `checkpoint` (a state dict, or a dict with
-    one under `state_dict` or `model`), measure it on the first `n_examples` training examples (a seeded
-    class-balanced subset) with `loss` and `settings`, write measures.json and table.csv into `out`, and
-    with `plot` the hessian_density spectrum into that PNG (its path in `df.attrs["plot"]`). Returns
-    (DataFrame, out)."""
+    the dataset `data` (a built-in name or an .npz file: integer token inputs stay integers, floating-point
+    targets are regression targets for `loss="mse"`, the factory then gets their width as `num_classes`),
+    load `checkpoint` (a state dict, or a dict with one under `state_dict` or `model`), measure it on
+    `n_examples` training examples (a seeded random subset; default all) with `loss`, `settings` and
+    `hvp_mode`, write measures.json and table.csv into `out`, and with `plot` the hessian_density spectrum
+    into that PNG (its path in `df.attrs["plot"]`). Returns (the DataFrame of `measure`, the output folder
+    as a Path or None)."""
     check_dataset_name(data)
     if plot is not None and not str(plot).lower().endswith(".png"):
         raise FlatbenchError(f"--plot must name a .png file, got {plot!r}")
@@ -328,7 +446,7 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     model, x, y = factory_model(factory, data, checkpoint=checkpoint, n_examples=n_examples, seed=seed)
     records = measure_records(model, (x, y), measures or ["all"], device=device, loss=loss,
                               dtype=torch.float64 if dtype == "float64" else torch.float32, settings=settings,
-                              plugins=plugins, seed=seed)
+                              plugins=plugins, seed=seed, hvp_mode=hvp_mode)
     df = records_to_frame(records)
     if plot is not None:
         from flatbench.measures.density_plot import plot_density
@@ -340,7 +458,7 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         context = {"model": factory, "checkpoint": checkpoint, "data": data, "n_examples": int(x.shape[0]),
-                   "dtype": dtype, "seed": seed}
+                   "dtype": dtype, "seed": seed, "hvp_mode": hvp_mode}
         atomic_write_json(out_dir / "measures.json", {k: {**r, "context": context} for k, r in records.items()})
         atomic_write_text(out_dir / "table.csv", df.to_csv(index=False))
     return df, out_dir

@@ -474,7 +474,7 @@ def verify(factory: str, dataset: str, checkpoint: str | None, n_examples: int, 
               help="The dataset: a built-in name (mnist_mini, mnist, fashion_mnist, cifar10) or an .npz file.")
 @click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into the model.")
 @click.option("--n-examples", type=click.IntRange(min=1), default=None,
-              help="Measure on a seeded class-balanced subset of this many training examples (default: all).")
+              help="Measure on a seeded random subset of this many training examples (default: all).")
 @click.option("--measures", "measures", default=None, help="Comma-separated measures (default: all).")
 @click.option("--out", "out_dir", default=None, help="Write measures.json and table.csv into this folder.")
 @click.option("--dtype", default="float64", show_default=True, type=click.Choice(["float64", "float32"]))
@@ -483,15 +483,19 @@ def verify(factory: str, dataset: str, checkpoint: str | None, n_examples: int, 
               help="A measure setting, as measure.settings in a study config (repeatable; `flatbench describe "
                    "MEASURE` lists them), e.g. --set hessian_max_eig.iters=200.")
 @click.option("--loss", default="ce", show_default=True,
-              help="The loss of the loss-based measures: ce, normalized_ce, mse, or file.py:function.")
+              help="The loss of the loss-based measures: ce, normalized_ce, mse (also on floating-point regression "
+                   "targets), or file.py:function.")
 @click.option("--plot", "plot", default=None, metavar="PATH",
               help="Draw the hessian_density spectrum into this PNG (adds hessian_density to the measures).")
+@click.option("--hvp-mode", "hvp_mode", default="auto", show_default=True,
+              type=click.Choice(["auto", "rev_fwd", "fwd_rev", "double_backward"]),
+              help="How Hessian-vector products are computed (measure.hvp_mode in a study config).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
               help="Where to measure.")
 @PLUGIN
 def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples: int | None, measures: str | None,
                   out_dir: str | None, dtype: str, seed: int, sets: tuple[str, ...], loss: str, plot: str | None,
-                  device: str, plugins: tuple[str, ...]) -> None:
+                  hvp_mode: str, device: str, plugins: tuple[str, ...]) -> None:
     """Measure a model of one's own: FACTORY is file.py:function or pkg.module:function (called with
     input_shape and num_classes where it takes them), with --checkpoint weights, on --data."""
     # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
@@ -509,7 +513,7 @@ def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples
     df, where = run_measure_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, measures=names,
                                   out=str(out) if out else None, device=str(resolve_device(device)), dtype=dtype,
                                   plugins=plugins, seed=seed, settings=settings_from_overrides(sets), loss=loss,
-                                  plot=plot)
+                                  plot=plot, hvp_mode=hvp_mode)
     heads = df[~df["key"].str.contains("/")]
     width = max([len(k) for k in heads["key"]] + [10])
     for _, row in heads.iterrows():

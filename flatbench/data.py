@@ -33,6 +33,7 @@ from torch import Tensor
 
 from flatbench.config import DataConfig
 from flatbench.errors import DataError
+from flatbench.npz import read_npz
 from flatbench.seeding import make_generator
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,10 @@ class DatasetInfo:
     input_shape: tuple[int, int, int]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    regression: bool = False
+    """An .npz dataset whose targets are floating point (N,) or (N, k): regression targets, `num_classes` is
+    then the number of outputs k (1 for (N,)); only `measure-model` and `flatbench.measure` take it (with
+    loss mse), a study trains classifiers."""
 
 
 _MNIST_MEAN, _MNIST_STD = (0.1307,), (0.3081,)
@@ -119,7 +124,9 @@ class Dataset:
 
 @dataclass(frozen=True)
 class RawData:
-    """The full dataset as read from disk: uint8 N×C×H×W images and int64 labels, on the CPU."""
+    """The full dataset as read from disk, on the CPU: uint8 N×C×H×W images and int64 labels; an .npz
+    file's as `npz.read_npz` reads them (float32 or int64 token inputs; int64 labels or float32 regression
+    targets)."""
 
     x_train: Tensor
     y_train: Tensor
@@ -320,48 +327,16 @@ def check_dataset_name(name: str) -> None:
                         "path to an .npz file)")
 
 
-NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
-
-
-def _read_npz(path: Path) -> RawData:
-    """An .npz dataset: inputs of any shape (N, ...), as float32 (uint8 images are scaled to [0, 1]), and
-    integer labels 0..C-1. Missing arrays, mismatched lengths or bad labels are one line."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in NPZ_ARRAYS if k not in z.files]
-            if missing:
-                raise DataError(f"dataset file {path} lacks the array(s) {', '.join(missing)} (it has: "
-                                f"{', '.join(z.files) or 'none'}); it needs {', '.join(NPZ_ARRAYS)}")
-            arrays = {k: z[k] for k in NPZ_ARRAYS}
-    except DataError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - not an npz, damaged, pickled objects
-        raise DataError(f"dataset file {path} cannot be read as .npz ({type(exc).__name__}: {exc})") from None
-    out = {}
-    for split in ("train", "test"):
-        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
-        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
-            raise DataError(f"dataset file {path}: x_{split} {tuple(x.shape)} and y_{split} {tuple(y.shape)} must "
-                            "be (N, ...) inputs and (N,) labels")
-        if not np.issubdtype(y.dtype, np.integer) or (len(y) and int(y.min()) < 0):
-            raise DataError(f"dataset file {path}: y_{split} must hold integer labels 0..C-1, got {y.dtype} "
-                            f"{'with negative labels' if np.issubdtype(y.dtype, np.integer) else ''}".rstrip())
-        xf = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
-        if not np.isfinite(xf).all():
-            raise DataError(f"dataset file {path}: x_{split} holds NaN or infinite values")
-        out[split] = (torch.from_numpy(np.ascontiguousarray(xf)), torch.from_numpy(y.astype(np.int64)))
-    if out["train"][0].shape[1:] != out["test"][0].shape[1:]:
-        raise DataError(f"dataset file {path}: x_train and x_test inputs differ in shape "
-                        f"({tuple(out['train'][0].shape[1:])} and {tuple(out['test'][0].shape[1:])})")
-    return RawData(out["train"][0], out["train"][1], out["test"][0], out["test"][1])
-
-
 def dataset_info(name: str, raw: RawData | None = None) -> DatasetInfo:
-    """A dataset's static facts; for an .npz file from its arrays (C = the largest label + 1, no
-    standardization: its inputs are used as given)."""
+    """A dataset's static facts; for an .npz file from its arrays (C = the largest label + 1, or for
+    regression targets (N,) / (N, k) the number of outputs 1 / k; no standardization: its inputs are used as
+    given)."""
     if not is_npz_dataset(name):
         return DATASETS[name]
     raw = raw if raw is not None else load_raw(name)
+    if raw.y_train.is_floating_point():
+        outputs = int(raw.y_train.shape[1]) if raw.y_train.ndim == 2 else 1
+        return DatasetInfo(name, outputs, tuple(int(d) for d in raw.x_train.shape[1:]), (), (), regression=True)
     num_classes = max(int(raw.y_train.max()) if len(raw.y_train) else 0,
                       int(raw.y_test.max()) if len(raw.y_test) else 0) + 1
     return DatasetInfo(name, max(2, num_classes), tuple(int(d) for d in raw.x_train.shape[1:]), (), ())
@@ -369,7 +344,7 @@ def dataset_info(name: str, raw: RawData | None = None) -> DatasetInfo:
 
 def _read_raw(name: str, root: Path) -> RawData:
     if is_npz_dataset(name):
-        return _read_npz(Path(name).expanduser())
+        return RawData(*read_npz(Path(name).expanduser()))
     if name == "mnist_mini":
         return _read_mnist_mini()
     if name == "cifar10":
@@ -398,8 +373,8 @@ def _download(name: str, root: Path) -> str | None:
 
 
 def load_raw(name: str, root: str | Path | None = None, download: bool = False) -> RawData:
-    """The full dataset as uint8/int64 CPU tensors (an .npz file's as float32), read once per (name, root)
-    in this process."""
+    """The full dataset as uint8/int64 CPU tensors (an .npz file's as `npz.read_npz` reads it), read once per
+    (name, root) in this process."""
     check_dataset_name(name)
     root_path = Path(root).expanduser() if root is not None else dataset_root(None)
     key = (name, "<package>" if name == "mnist_mini" else str(root_path.resolve()))
@@ -506,9 +481,9 @@ def random_labels(y: Tensor, ratio: float, num_classes: int, seed: int,
 
 def _normalize(x: Tensor, info: DatasetInfo, device: str | torch.device) -> Tensor:
     """uint8 → float32 in [0, 1] → per-channel standardized, computed on the device (4× less copying); an
-    .npz dataset's float32 inputs as they are."""
+    .npz dataset's inputs as they are (float32, or int64 token ids kept as integers)."""
     if not info.mean:
-        return x.to(device).to(torch.float32).clone()
+        return x.to(device).clone() if not x.is_floating_point() else x.to(device).to(torch.float32).clone()
     x = x.to(device).to(torch.float32).div_(255.0)
     mean = torch.tensor(info.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     std = torch.tensor(info.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
@@ -519,6 +494,8 @@ def load_dataset(cfg: DataConfig, seed: int, device: str | torch.device = "cpu")
     """Read (once per process), subset, normalize and label-corrupt a dataset, on `device`."""
     raw = load_raw(cfg.dataset, dataset_root(cfg.root), cfg.download)
     info = dataset_info(cfg.dataset, raw)
+    if info.regression:
+        return _regression_dataset(cfg, raw, info, seed, device)
     C = info.num_classes
     train_idx = balanced_subset(raw.y_train, cfg.n_train, C,
                                 make_generator("subset", cfg.dataset, "train", cfg.n_train, seed))
@@ -533,6 +510,31 @@ def load_dataset(cfg: DataConfig, seed: int, device: str | torch.device = "cpu")
                    x_test=_normalize(raw.x_test[test_idx], info, device),
                    y_test=raw.y_test[test_idx].to(device),
                    corrupted_mask=mask.to(device), label_info=label_info)
+
+
+def _regression_dataset(cfg: DataConfig, raw: RawData, info: DatasetInfo, seed: int,
+                        device: str | torch.device) -> Dataset:
+    """`load_dataset` of floating-point (regression) targets: seeded subsets (no classes to balance) and no
+    random labels (a ratio above 0 is one line)."""
+    if cfg.random_label_ratio:
+        raise DataError(f"data.random_label_ratio={cfg.random_label_ratio}: {cfg.dataset} has floating-point "
+                        "(regression) targets, and random labels need class labels")
+
+    def subset(n_total: int, n: int | None, split: str, size: int | None) -> Tensor:
+        if n is None or n >= n_total:
+            return torch.arange(n_total)
+        gen = make_generator("subset", cfg.dataset, split, size, seed)
+        return torch.sort(torch.randperm(n_total, generator=gen)[:n]).values
+
+    train_idx = subset(len(raw.y_train), cfg.n_train, "train", cfg.n_train)
+    test_idx = subset(len(raw.y_test), cfg.n_test, "test", cfg.n_test)
+    y_train = raw.y_train[train_idx].to(device)
+    return Dataset(name=cfg.dataset, info=info, x_train=_normalize(raw.x_train[train_idx], info, device),
+                   y_train=y_train, y_train_clean=y_train.clone(),
+                   x_test=_normalize(raw.x_test[test_idx], info, device), y_test=raw.y_test[test_idx].to(device),
+                   corrupted_mask=torch.zeros(len(train_idx), dtype=torch.bool, device=device),
+                   label_info={"scheme": cfg.random_label_scheme, "ratio": 0.0, "n_corrupted": 0, "n_changed": 0,
+                               "seed": seed})
 
 
 def measurement_subset(ds: Dataset, n: int | None, seed: int) -> tuple[Tensor, Tensor]:

@@ -9,10 +9,19 @@ It is unchanged by adding a constant to all logits of an example or by scaling t
 not see a rescaling of the last layer that changes no prediction. Its logit Hessian comes from
 `torch.func` (it is not positive semi-definite in general).
 
-`mse` is the mean squared error on one-hot targets, `ℓ(f, y) = (1/C) Σ_c (f_c − [c = y])²` (as
-`F.mse_loss(f, one_hot(y))` averages), whose logit Hessian is `(2/C) I`. A loss of one's own is named
-`file.py:function` or `pkg.module:function`: a function `(logits (n, C), targets (n,)) -> (n,)` of
-per-example losses; its logit Hessian comes from `torch.func`.
+`mse` is the mean squared error between the model's outputs and the targets, per example the mean over
+the output dimensions; which targets, the targets' dtype says:
+
+* integer class indices y (n,): one-hot targets, `ℓ(f, y) = (1/C) Σ_c (f_c − [c = y])²` (as
+  `F.mse_loss(f, one_hot(y))` averages);
+* floating-point regression targets t (n, k), or (n,) for a model with one output: `ℓ(f, t) =
+  (1/k) Σ_j (f_j − t_j)²`.
+
+Either way its logit Hessian is `(2/C) I` (C = k outputs). `ce` and `normalized_ce` are classification
+losses (`CLASSIFICATION_LOSSES`): they take class indices only, and refuse floating-point targets (which
+`F.cross_entropy` would read as class probabilities). A loss of one's own is named `file.py:function` or
+`pkg.module:function`: a function `(logits (n, C), targets) -> (n,)` of per-example losses; its logit
+Hessian comes from `torch.func`.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ from flatbench.userspec import is_factory_spec, load_object
 
 _NORM_EPS = 1e-12
 
+CLASSIFICATION_LOSSES = ("ce", "normalized_ce")
+"""The built-in losses defined on class indices only (`mse` also takes floating-point regression targets)."""
+
 
 @dataclass(frozen=True)
 class LogitLoss:
@@ -42,9 +54,14 @@ class LogitLoss:
 
     def per_example(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """ℓ(f_n, y_n) for every row, shape (n,)."""
+        if self.name in CLASSIFICATION_LOSSES and targets.is_floating_point():
+            raise ValueError(f"loss {self.name} needs class-index targets, got floating-point (regression) targets "
+                             f"{tuple(targets.shape)}: use mse")
         if self.name == "ce":
             return F.cross_entropy(logits, targets, reduction="none")
         if self.name == "mse":
+            if targets.is_floating_point():  # regression: (n, k), or (n,) for one output
+                return (logits - targets.reshape(logits.shape).to(logits.dtype)).pow(2).mean(dim=-1)
             onehot = F.one_hot(targets, logits.shape[-1]).to(logits.dtype)
             return (logits - onehot).pow(2).mean(dim=-1)
         if self.fn is not None:

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from flatbench.api import _as_tensors, measure_records
+from flatbench.api import as_tensors, measure_records
 from flatbench.curvature import HessianOperator, check_mode, math_attention
 from flatbench.curvature.hvp import product_in_mode, hvp
 from flatbench.curvature.modes import CHECKED_MODES, HVP_MODES, REFERENCE_MODE, hvp_log, use_hvp_mode
@@ -210,11 +210,13 @@ def _estimate(check: str, got: float, ref: float, stderr: float | None, note: st
 
 
 def verify(model: nn.Module, data: Any, *, loss: str | Callable = "ce", n_examples: int | None = DEFAULT_EXAMPLES,
+           batch_fn: Callable[[Any], Any] | None = None,
            max_params: int = DEFAULT_PARAMS, seed: int = 0, hvp_mode: str = "auto", chunk_size: int = 2000) -> Any:
     """Check flatbench's curvature on `model` and `data` against the dense Hessian (see the module doc).
 
-    `data`: an (inputs, targets) pair or a DataLoader, of which the first `n_examples` are used (the dense
-    Hessian costs one backward pass per slice entry over them). `max_params`: the slice's size (a model this
+    `data`: an (inputs, targets) pair or a DataLoader (dict batches with `batch_fn`, as `measure` takes
+    them), of which the first `n_examples` are used (the dense Hessian costs one backward pass per slice
+    entry over them). `max_params`: the slice's size (a model this
     small is taken whole). `hvp_mode`: the mode to verify as flatbench uses it. Returns a DataFrame with one row
     per check (`COLUMNS`); `df.attrs["failed"]` counts the checks of flatbench's own results that failed, and
     `df.attrs["slice"]` says what was compared."""
@@ -224,7 +226,7 @@ def verify(model: nn.Module, data: Any, *, loss: str | Callable = "ce", n_exampl
         raise FlatbenchError(f"hvp_mode must be one of {', '.join(HVP_MODES)}, got {hvp_mode!r}")
     if isinstance(max_params, bool) or not isinstance(max_params, int) or max_params < 1:
         raise FlatbenchError(f"max_params must be a positive integer, got {max_params!r}")
-    x, y = _as_tensors(data, n_examples)
+    x, y = as_tensors(data, n_examples, batch_fn)
     x = x.double() if x.is_floating_point() else x
     loss_fn = get_loss(loss)
     net = copy_model(model).double().eval()

@@ -59,7 +59,24 @@ def test_the_site_builds_strictly_with_every_section(site):
                  "results/natural/index.html", "performance/index.html"):
         assert (site / page).is_file(), page
     api = (site / "api" / "index.html").read_text()
-    assert "flatbench.api.measure" in api and "register_measure" in api  # rendered from the docstrings
+    assert "flatbench.measure" in api and "register_measure" in api  # rendered from the docstrings
+
+
+def test_the_api_page_shows_the_public_api_only(site):
+    """docs/api.md renders `flatbench.__all__` under the names users import, and no internal name: no
+    module path of the package's inside, no private name, nothing outside `__all__`."""
+    import flatbench
+
+    text = re.sub(r"<[^>]+>", " ", (site / "api" / "index.html").read_text())
+    article = text[text.index("API reference"):]
+    for name in flatbench.__all__:
+        assert f"flatbench.{name}" in article, name
+    internal = ["flatbench.api", "flatbench.measures", "flatbench.rescale", "flatbench.study", "flatbench.losses",
+                "in_place", "isolation.", "arguments.", "copy_model", "measure_records", "measure_model",
+                "report_study", "DEFAULT_TIMEOUT_S", "TRANSFORMS"]
+    assert not [word for word in internal if word in article], [word for word in internal if word in article]
+    private = re.findall(r"(?<![\w_])_[A-Za-z]\w*", article)
+    assert not private, private
 
 
 def test_the_measure_reference_covers_every_measure_with_every_setting(site):

@@ -20,7 +20,7 @@ FLOORS = {
     "flatbench.study": 5, "flatbench.api": 5, "flatbench.verification": 5,
     "flatbench.measures": 4, "flatbench.analysis": 4,
     "flatbench.training": 3, "flatbench.curvature": 3, "flatbench.rescale": 3,
-    "flatbench.data": 2, "flatbench.models": 2,
+    "flatbench.data": 2, "flatbench.models": 2, "flatbench.npz": 1,
     "flatbench.config": 1, "flatbench.store": 1, "flatbench.losses": 1,
     "flatbench.errors": 0, "flatbench.seeding": 0, "flatbench.userspec": 0, "flatbench": 0,
 }

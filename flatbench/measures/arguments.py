@@ -9,8 +9,9 @@ and what to do, raised before the first measure runs:
   size and memory budget, the seed;
 * `trial_forward`: one forward pass on two examples, in the dtype and on the device of the measurement: a
   model that cannot run on the data (shapes, integer inputs to a float model) is refused with torch's first
-  line and a hint, logits that are not (n, classes) likewise; the loss on those logits must give one value per
-  example (a scalar loss is named as such, with the `reduction='none'` fix);
+  line and a hint, logits that are not (n, classes) likewise, class targets out of range and regression
+  targets of another width than the outputs too; the loss on those logits must give one value per example
+  (a scalar loss is named as such, with the `reduction='none'` fix);
 * `copy_model`: the copy that is measured, taken through the module's forward: tensors a hook left on a
   module (BackPACK's `input0` / `output`, part of another graph) are not copied, and BackPACK's forward hooks
   are removed from the copy (the caller's model keeps them).
@@ -84,7 +85,8 @@ def trial_forward(net: nn.Module, x: Tensor, y: Tensor, loss_fn: Any) -> int:
     except Exception as exc:  # noqa: BLE001 - any failure of the user's forward is reported, in one line
         hint = ""
         if not x.dtype.is_floating_point:
-            hint = (f"; the inputs are {x.dtype}: a network on images or features takes floating-point inputs "
+            hint = (f"; the inputs are {x.dtype}, given to the model as they are (token ids, for a model that "
+                    "starts with nn.Embedding): a network on images or features takes floating-point inputs "
                     "(convert them, e.g. x.float() / 255)")
         raise FlatbenchError(f"the model cannot run on the data: inputs of shape {tuple(x.shape[1:])} (one example) "
                              f"and dtype {x.dtype} give {_first_line(exc)}{hint}") from None
@@ -93,9 +95,16 @@ def trial_forward(net: nn.Module, x: Tensor, y: Tensor, loss_fn: Any) -> int:
                              f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__} for "
                              f"{sample.shape[0]} examples")
     classes = int(out.shape[1])
-    low, high = (int(v) for v in torch.aminmax(y))
-    if high >= classes or low < 0:
-        raise FlatbenchError(f"targets must lie in 0..{classes - 1} (the model has {classes} outputs)")
+    if y.dtype.is_floating_point:  # regression targets (n,) or (n, k): mse compares them with the outputs
+        width = int(y.shape[1]) if y.ndim == 2 else 1
+        if getattr(loss_fn, "fn", None) is None and width != classes:
+            raise FlatbenchError(f"the regression targets have {width} value(s) per example "
+                                 f"{tuple(y.shape)}, the model {classes} outputs: mse needs one output per target "
+                                 "value (targets (n,) for one output, (n, k) for k)")
+    else:
+        low, high = (int(v) for v in torch.aminmax(y))
+        if high >= classes or low < 0:
+            raise FlatbenchError(f"targets must lie in 0..{classes - 1} (the model has {classes} outputs)")
     try:
         with torch.no_grad():
             values = loss_fn.fn(out, targets) if getattr(loss_fn, "fn", None) is not None else None

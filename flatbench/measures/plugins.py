@@ -172,9 +172,10 @@ def load_installed() -> None:
 
 
 def load_plugins(specs: list[str] | tuple[str, ...] | None) -> list[str]:
-    """Import the measure plugins `specs` (Python files or importable module names, see
-    `flatbench.measures.plugins`) after the built-in measures, and check and store what they register;
-    returns the names they registered. Loading a plugin twice is a no-op, unless its file changed since."""
+    """Load measure plugins: import each of `specs` (a Python file, `my_measures.py`, or an importable
+    module, `mypkg.measures`) after the built-in measures, and check and store the measures its import
+    registers (`register_measure`), all of a plugin's or none. Returns the names they registered. Loading a
+    plugin twice is a no-op, unless its file changed since."""
     load_installed()  # the built-in measures first, so that a clash is found and named
     before = set(REGISTERED)
     for spec in specs or ():
@@ -201,22 +202,39 @@ def register_measure(name: str, *, description: str = "", invariant_to: tuple[st
                      settings_help: dict[str, str] | None = None, in_all: bool = True,
                      fixed_loss: str = "", check: Callable[[dict[str, Any]], None] | None = None,
                      added_settings: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register `fn(ctx) -> dict | MeasureOutput` as the measure `name` (see the module docstring).
+    """Register a measure: a decorator of a function `(ctx: MeasureContext) -> dict | MeasureOutput | number`.
 
-    `invariant_to`: the rescaling families (`flatbench.rescale.FAMILIES`) the measure is declared invariant
-    to; `flatbench check-measure NAME` checks each declaration. `cost`: cheap | gradient | hessian | search.
-    `defaults`: its settings (`measure.settings.NAME` overrides them). `uses_loss`: computed once per
-    configured loss. `stochastic`: a Monte-Carlo estimate (give its standard error as `info["stderr"]`).
-    `description`: one line for `list-measures` (default: the first line of the function's docstring).
-    `exact`: a deterministic closed form or exact solver (tighter invariance tolerance). `family`: the
-    report's grouping (default: the plugin's name). `precision`: float64 (default), or float32 for an
-    estimate that float32 rounding does not change (computed in float32 under `measure.dtype: auto`).
-    `settings_help`: per setting, its meaning and valid range (shown by `flatbench describe`). `in_all`:
-    whether `all` includes it (False: only asked for by name). `fixed_loss`: the one loss a measure that does not
-    `uses_loss` computes with (its entry says so when another loss is asked for). `check(settings)`: raises a
-    `FlatbenchError` for a bad setting value, called before any work (settings of the defaults' type are
-    checked for every measure). `added_settings`: settings added to `defaults` after results were stored, whose
-    defaults compute what the measure computed without them (a stored entry lacking one stays up to date)."""
+    The function returns its headline value under the key `name` (a bare number is that value) and, under
+    keys `name/detail`, per-layer or per-parameter details; it raises `NotApplicable(reason)` where the model
+    lacks a structure it needs. The registration is checked at once (or, inside a plugin file or module,
+    when its import is done): a bad declaration, an unknown family or a name that clashes with another
+    measure is one line.
+
+    Args:
+        name: the measure's name (letters, digits, `_`), as configs and `flatbench.measure` ask for it.
+        description: one line for `flatbench list-measures` (default: the first line of the function's
+            docstring).
+        invariant_to: the function-preserving rescaling families the measure is declared invariant to:
+            `layer`, `node`, `bn`, `logit_scale`; `flatbench check-measure NAME` checks each declaration.
+        cost: `cheap` | `gradient` | `hessian` | `search`.
+        defaults: its settings and their defaults (`measure.settings.NAME`, `settings=` override them).
+        uses_loss: computed once per configured loss (the entry key gets `@loss` for a loss other than ce).
+        stochastic: a Monte-Carlo estimate (give its standard error as `info["stderr"]`).
+        larger_is_sharper: whether a larger value means a sharper (less flat) model.
+        exact: a deterministic closed form or exact solver (a tighter invariance tolerance).
+        variants: named presets of its settings, `{"published": {...}}`, asked for as `name:published`.
+        family: the report's grouping (default: the plugin's name).
+        precision: `float64` (default), or `float32` for an estimate that float32 rounding does not change
+            (computed in float32 under `measure.dtype: auto`).
+        settings_help: per setting, its meaning and valid range (shown by `flatbench describe`).
+        in_all: whether `all` includes it (False: only asked for by name).
+        fixed_loss: the one loss a measure that does not `uses_loss` computes with (its entry says so when
+            another loss is asked for).
+        check: `check(settings)` raises a `FlatbenchError` for a bad setting value, called before any work
+            (settings of the defaults' type are checked for every measure).
+        added_settings: settings added to `defaults` after results were stored, whose defaults compute what
+            the measure computed without them (a stored entry lacking one stays up to date).
+    """
     declared = dict(description=description, invariant_to=invariant_to, cost=cost, defaults=defaults,
                     uses_loss=uses_loss, stochastic=stochastic, larger_is_sharper=larger_is_sharper, exact=exact,
                     variants=variants, family=family, precision=precision, settings_help=settings_help,

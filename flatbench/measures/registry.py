@@ -48,8 +48,13 @@ class NotApplicable(Exception):
 
 @dataclass
 class MeasureOutput:
+    """A measure's result: its values and what it reports besides them."""
+
     values: dict[str, float]
+    """The values: the headline under the measure's name, details under `name/detail`; finite numbers."""
     info: dict[str, Any] = field(default_factory=dict)
+    """Method, iterations, residuals, standard errors (`info["stderr"]` for a stochastic measure): anything
+    JSON can hold."""
     not_converged: str | None = None
     """Why an iterative computation stopped before its tolerance (an iteration cap, an HVP budget), with the
     residual it reached; the runner records the entry as status `not_converged` with this reason (its

@@ -127,6 +127,12 @@ def measurement_context(cfg: MeasureConfig, spec: MeasureSpec | None = None) -> 
     return {"n_examples": cfg.n_examples, "dtype": dtype, "normalized_ce_tau": cfg.normalized_ce_tau}
 
 
+def as_measured(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Inputs or targets in the measure dtype: floating point ones converted, integer ones (token ids, class
+    labels) left as they are."""
+    return t.to(dtype) if t.is_floating_point() else t
+
+
 def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
     """`ctx` in `dtype` (float64 | float32): ctx itself when it is in that dtype, else a twin of it (the
     same model converted, the same measurement set) made once per context and kept in its cache. The twin
@@ -140,7 +146,8 @@ def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
         for p in model.parameters():
             p.requires_grad_(True)
         use_hvp_mode(model, hvp_mode_of(ctx.model))
-        ctx.cache[key] = replace(ctx, model=model, inputs=ctx.inputs.to(wanted), cache={})
+        ctx.cache[key] = replace(ctx, model=model, inputs=as_measured(ctx.inputs, wanted),
+                                 targets=as_measured(ctx.targets, wanted), cache={})
     return ctx.cache[key]
 
 
@@ -194,7 +201,7 @@ def load_context(plan: ContextPlan, device: torch.device) -> MeasureContext:
         use_hvp_mode(model, plan.hvp_mode)
     ds = load_dataset(run_cfg.data, run_cfg.data_seed, device=device)
     x, y = measurement_subset(ds, plan.n_examples, run_cfg.seed)
-    return MeasureContext(model=model, inputs=x.to(dtype), targets=y, num_classes=ds.num_classes,
+    return MeasureContext(model=model, inputs=as_measured(x, dtype), targets=y, num_classes=ds.num_classes,
                           run_id=plan.info["run_id"], seed=run_cfg.seed, normalized_ce_tau=plan.normalized_ce_tau,
                           chunk_size=plan.chunk_size, max_memory_mb=plan.max_memory_mb,
                           model_config=run_cfg.model)

@@ -212,14 +212,19 @@ def check_runs_data(runs: list[tuple[str, Any]], n_examples: int | None) -> None
         if key not in seen:
             seen[key] = load_raw(run.data.dataset, dataset_root(run.data.root), run.data.download)
         raw = seen[key]
-        _refuse_an_empty_split(run.data.dataset, int(raw.y_train.numel()), int(raw.y_test.numel()))
-        sizes = {"data.n_train": (run.data.n_train, int(raw.y_train.numel()), "training"),
-                 "data.n_test": (run.data.n_test, int(raw.y_test.numel()), "test")}
+        if raw.y_train.is_floating_point():
+            raise ConfigError(f"dataset '{run.data.dataset}' has floating-point (regression) targets: a study trains "
+                              "classifiers (cross-entropy, accuracy, the generalization gap); measure a regression "
+                              "model with `flatbench measure-model ... --loss mse` or flatbench.measure(..., "
+                              "loss='mse')")
+        _refuse_an_empty_split(run.data.dataset, len(raw.y_train), len(raw.y_test))
+        sizes = {"data.n_train": (run.data.n_train, len(raw.y_train), "training"),
+                 "data.n_test": (run.data.n_test, len(raw.y_test), "test")}
         for where, (asked, available, which) in sizes.items():
             if asked is not None and asked > available:
                 raise ConfigError(f"{where}={asked} is more than the {available} {which} examples of "
                                   f"'{run.data.dataset}'; give at most {available} (or null: all of them)")
-        n_train = run.data.n_train if run.data.n_train is not None else int(raw.y_train.numel())
+        n_train = run.data.n_train if run.data.n_train is not None else len(raw.y_train)
         _refuse_more_examples_than(n_examples, n_train, run)
 
 

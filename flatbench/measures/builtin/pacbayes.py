@@ -70,7 +70,11 @@ def draw_perturbation(params: dict[str, Tensor], sigma: float, generator: torch.
 
 
 def accuracy(ctx: MeasureContext, params: dict[str, Tensor] | None = None) -> float:
-    """Fraction of the measurement set classified as its (training) label, at `params` or the model's own."""
+    """Fraction of the measurement set classified as its (training) label, at `params` or the model's own;
+    NotApplicable on regression targets (floating point), where there is no accuracy to drop."""
+    if ctx.regression:
+        raise NotApplicable(f"{ctx.measure_name or 'PAC-Bayes flatness'} searches for the noise that drops the "
+                            "accuracy, which regression targets (floating point) do not have")
     correct = 0
     with torch.no_grad():
         for x, y in ctx.chunks():
