@@ -425,6 +425,18 @@ def factory_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     return model, x, y
 
 
+def factory_case(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None) -> Any:
+    """A model of one's own as a case of the invariance contract (`check-measure --factory`): `factory_model`'s
+    model in float64 and eval mode on its examples (`contract.own_case`), its classes counted by a trial
+    forward pass."""
+    from flatbench.measures.contract import own_case  # lazy: the contract builds its catalogue on demand
+
+    model, x, y = factory_model(factory, data, checkpoint=checkpoint, n_examples=n_examples)
+    case = own_case(f"own:{factory}", model, x, y, 0)
+    return own_case(case.name, case.model, case.inputs, case.targets,
+                    trial_forward(case.model, case.inputs, case.targets, get_loss("ce")))
+
+
 def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
                   measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
                   dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,

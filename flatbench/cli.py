@@ -402,16 +402,9 @@ def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, famili
         raise FlatbenchError("check-measure: --factory and --data go together")
     chosen_cases: list = list(_choices(cases, contract.CASES, "case")) if cases or factory is None else []
     if factory is not None:
-        from flatbench.api import factory_model
+        from flatbench.api import factory_case
 
-        from flatbench.losses import get_loss
-        from flatbench.measures.arguments import trial_forward
-
-        model, x, y = factory_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples)
-        own = contract.own_case(f"own:{factory}", model, x, y, 0)
-        own = contract.own_case(own.name, own.model, own.inputs, own.targets,
-                                trial_forward(own.model, own.inputs, own.targets, get_loss("ce")))
-        chosen_cases.append(own)
+        chosen_cases.append(factory_case(factory, dataset, checkpoint=checkpoint, n_examples=n_examples))
     chosen_families = _choices(families, FAMILIES, "family")
     click.echo(f"checking {spec.name} ({spec.origin if spec.origin != 'builtin' else 'built-in'}; declared "
                f"invariant to: {', '.join(sorted(spec.invariant_to)) or 'none'}) on {len(chosen_cases)} trained "
@@ -438,26 +431,19 @@ def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str
 @click.option("--data", "dataset", required=True,
               help="The dataset: a built-in name (mnist_mini, mnist, fashion_mnist, cifar10) or an .npz file.")
 @click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into the model.")
-@click.option("--n-examples", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Examples the Hessians are taken over (a seeded class-balanced subset of the training set).")
+@click.option("--n-examples", type=click.IntRange(min=1), default=32, show_default=True, help="Examples used.")
 @click.option("--params", "max_params", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Parameters compared: a larger model is cut to a seeded slice of this many, from every tensor "
-                   "(the dense Hessian costs one backward pass per parameter compared).")
-@click.option("--loss", default="ce", show_default=True,
-              help="The loss: ce, normalized_ce, mse, or file.py:function.")
+              help="Parameters compared (a seeded slice of every tensor; one backward pass each).")
+@click.option("--loss", default="ce", show_default=True, help="ce, normalized_ce, mse, or file.py:function.")
 @click.option("--hvp-mode", default="auto", show_default=True,
-              type=click.Choice(["auto", "rev_fwd", "fwd_rev", "double_backward"]),
-              help="The Hessian-vector-product mode to verify as flatbench uses it.")
+              type=click.Choice(["auto", "rev_fwd", "fwd_rev", "double_backward"]), help="The HVP mode to verify.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the model's init, the slice and probes.")
 def verify(factory: str, dataset: str, checkpoint: str | None, n_examples: int, max_params: int, loss: str,
            hvp_mode: str, seed: int) -> None:
-    """Check flatbench's curvature on a model of one's own against its dense Hessian: FACTORY
-    (file.py:function or pkg.module:function) with --checkpoint weights, on --n-examples of --data. Each
-    derivative mode's Hessian-vector product, the shared diagonal, hessian_trace (exact and Hutch++),
-    hessian_max_eig and hessian_density, in float64, on the model or a slice of --params of its parameters.
-    Exit code 1 when a check of flatbench's results fails."""
-    # lazy: `flatbench --help` must not import torch
-    from flatbench.api import factory_model
+    """Check flatbench's curvature on FACTORY's model (with --checkpoint weights) against its dense Hessian,
+    in float64, on the model or a slice of --params of its parameters: each HVP mode, the shared diagonal,
+    hessian_trace, hessian_max_eig, hessian_density. Exit code 1 when a check of flatbench's results fails."""
+    from flatbench.api import factory_model  # lazy: `flatbench --help` must not import torch
     from flatbench.verification import format_table, verify as run_verify
 
     model, x, y = factory_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, seed=seed)

@@ -181,9 +181,10 @@ class MeasureConfig:
     modules (`mypkg.measures`) that register measures; each result of a plugin measure records the
     plugin's sha256, so an edited plugin recomputes its entries."""
     hvp_mode: str = "auto"
-    """auto | rev_fwd | fwd_rev | double_backward: how Hessian-vector products are computed (auto:
-    reverse-over-forward, and double backward for a model with an operator that has no forward-mode
-    derivative, such as fused attention)."""
+    """auto | rev_fwd | fwd_rev | double_backward: how Hessian-vector products are computed (auto: double
+    backward; a torch.func mode is checked against double backward on its first product on a model and
+    replaced where it disagrees, as reverse-over-forward does through LayerNorm and InstanceNorm in torch
+    2.14.1: `curvature.modes`)."""
     timeout_s: float = 3600.0
     """Seconds one measure entry may take; one that takes longer is an `error` entry ("timed out")."""
 

@@ -433,33 +433,27 @@ def test_density(name: str, mode: str) -> None:
     assert_mode_recorded(entry_info(moments, "hessian_density"), mode)
 
 
-def weight_layer_names(model: nn.Module, example: Tensor) -> list[str]:
-    """The Linear and Conv2d modules a forward pass calls, in order (the layers the normalized measures and
-    Rangamani's metric are defined on)."""
-    names = {m: n for n, m in model.named_modules()}
-    seen: list[str] = []
-    hooks = [m.register_forward_hook(lambda m, a, o: seen.append(names[m]) if names[m] not in seen else None)
-             for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    try:
-        with torch.no_grad():
-            model(example)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return seen
-
-
 @pytest.mark.parametrize("name", MODERN_LAYERS)
 def test_scale_invariant_rangamani(name: str) -> None:
-    """λ_max(D^½ H_WW D^½) / (2 + 2 L_S) over the weight layers' weights, D = blockdiag(‖W_l‖_F² I)."""
+    """λ_max(D^½ H_WW D^½) / (2 + 2 L_S) over the weight matrices (`layers.weight_matrices`: an attention's
+    q, k, v row blocks of `in_proj_weight` each their own), D = blockdiag(‖W_l‖_F² I)."""
+    from flatbench.measures.layers import weight_matrices
+
     c = case(name)
     h, _ = reference(name)
     df = hvp_entries(name, "auto")
     value = values(df, "scale_invariant_rangamani")["scale_invariant_rangamani"]
-    weights = [f"{n}.weight" for n in weight_layer_names(c.model, c.inputs)]
-    params = dict(c.model.named_parameters())
-    idx = indices(c, weights)
-    sqrt_d = torch.cat([params[w].detach().norm().expand(params[w].numel()) for w in weights])
+    slices = c.param_slices()
+    parts, norms = [], []
+    for m in weight_matrices(c.model, c.inputs[:1]):
+        start = slices[m.param].start
+        p = m.parameter.detach()
+        cols = p[0].numel() if p.ndim > 1 else 1
+        rows = m.rows if m.rows is not None else slice(0, p.shape[0])
+        parts.append(torch.arange(start + rows.start * cols, start + rows.stop * cols))
+        norms.append(p[rows].norm().expand(parts[-1].numel()))
+    idx = torch.cat(parts)
+    sqrt_d = torch.cat(norms)
     scaled = sqrt_d[:, None] * block(h, idx) * sqrt_d[None, :]
     with torch.no_grad():
         loss = float(c.loss_fn(c.model(c.inputs), c.targets).mean())
@@ -574,22 +568,29 @@ def normalized_sharpness_brute(hd: Tensor, q: Tensor) -> float:
 @pytest.mark.parametrize("name", MODERN_LAYERS)
 def test_normalized_sharpness_measures(name: str) -> None:
     """matrix_normalized_sharpness (closed form 2‖W‖_F √Tr H_W) and normalized_sharpness(_nce) (the convex
-    problem, solved to KKT residual 1e-10: the value to far better than 1e-10) per weight layer, from the
-    dense Hessians' diagonals (of the case's loss, of ce, of normalized_ce)."""
+    problem, solved to KKT residual 1e-10: the value to far better than 1e-10) per weight matrix
+    (`layers.weight_matrices`: an attention's q, k, v row blocks each their own), from the dense Hessians'
+    diagonals (of the case's loss, of ce, of normalized_ce)."""
+    from flatbench.measures.layers import weight_matrices
+
     c = case(name)
     h, _ = reference(name)
     df = exact_entries(name)
-    layers = weight_layer_names(c.model, c.inputs)
+    matrices = weight_matrices(c.model, c.inputs[:1])
     params = dict(c.model.named_parameters())
     slices = c.param_slices()
     for key, hess in (("matrix_normalized_sharpness", h),
                       ("normalized_sharpness", loss_reference(name, "ce")),
                       ("normalized_sharpness_nce", loss_reference(name, "normalized_ce"))):
         vals = values(df, key)
-        assert set(vals) == {key} | {f"{key}/{n}" for n in layers}
+        assert set(vals) == {key} | {f"{key}/{m.name}" for m in matrices}
         total = 0.0
-        for n in layers:
-            hd, q = reduced(hess.diagonal()[slices[f"{n}.weight"]], params[f"{n}.weight"])
+        for m in matrices:
+            n = m.name
+            p = params[m.param]
+            rows = m.rows if m.rows is not None else slice(0, p.shape[0])
+            diag = hess.diagonal()[slices[m.param]].view_as(p)[rows]
+            hd, q = reduced(diag.reshape(-1), p[rows])
             if key == "matrix_normalized_sharpness":
                 want = 2 * math.sqrt(float(q.sum())) * math.sqrt(float(hd.sum()))
             else:
