@@ -174,6 +174,19 @@ SOURCE_BUGS: list[tuple[str, str, str, str, list[str]]] = [
      "return np.where(sm == 0, 1.0, (sm != sg[None, :]).astype(float))", STATS),
 ]
 
+CURV = ["tests/curvature/test_hvp_modes.py", "tests/curvature/test_modern_layers.py", "tests/test_verify.py"]
+SOURCE_BUGS += [  # issue 41: no derivative mode trusted unchecked
+    ("hvp: auto trusts reverse-over-forward unchecked", "flatbench/curvature/hvp.py",
+     '    mode = AUTO_MODE if asked == "auto" else asked\n',
+     '    mode = "rev_fwd" if asked == "auto" else asked\n    if asked == "auto":\n        return mode, None, ""\n', CURV),
+    ("hvp: a failed check still uses the mode", "flatbench/curvature/hvp.py",
+     'return (mode if check.passed else REFERENCE_MODE), check, ""', 'return mode, check, ""', CURV),
+    ("hvp: the check's tolerance is 1", "flatbench/curvature/modes.py",
+     "return float(torch.finfo(dtype).eps) ** 0.5", "return 1.0", CURV),
+    ("fisher-rao: the forward mode used without its check", "flatbench/measures/builtin/fisher_rao.py",
+     "        if check.passed:\n", "        if True:\n", ["tests/curvature/test_hvp_modes.py", "tests/test_api.py"]),
+]
+
 COPY_IGNORE = shutil.ignore_patterns(".git", "results", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
                                      "docs", "examples")
 
