@@ -35,9 +35,9 @@ class NoStop:
         pass
 
 
-def _run(*, lr, widths, seed, n_train, batch_size=16, epochs=100, **train):
+def _run(*, lr, widths, seed, n_train, batch_size=16, epochs=100, batch_norm=False, dropout=0.0, **train):
     study = parse_study({"seed": seed, "data": {"dataset": "mnist_mini", "n_train": n_train, "n_test": 100},
-                         "model": {"widths": widths},
+                         "model": {"widths": widths, "batch_norm": batch_norm, "dropout": dropout},
                          "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "target_train_loss": TARGET,
                                    **train}})
     return study.runs[0]
@@ -95,20 +95,24 @@ def test_the_stop_is_the_first_step_at_or_below_the_target(tmp_path):
     assert run.position == info["history"][-1]["steps"] and loss == info["train_loss"]
 
 
-def test_checks_every_few_steps_find_the_same_step_and_scale(tmp_path):
+BN_DROPOUT = dict(lr=0.003, widths=[128, 128], seed=0, n_train=500, batch_norm=True, dropout=0.3)
+
+
+@pytest.mark.parametrize("settings", [CONFIGS["lr0.003-256x256-s2"], BN_DROPOUT], ids=["mlp", "batchnorm-dropout"])
+def test_checks_every_few_steps_find_the_same_step_and_scale(tmp_path, settings):
     """endpoint_check_steps 4: a check below the band goes back to the previous check and steps one at a time
-    from there, so the run stops where checking every step stops it (here a step that jumps the whole band,
-    taken scaled)."""
-    every = _train(*_run(**CONFIGS["lr0.003-256x256-s2"], endpoint_tolerance=0.05), tmp_path / "1")
-    sparse = _train(*_run(**CONFIGS["lr0.003-256x256-s2"], endpoint_tolerance=0.05, endpoint_check_steps=4),
-                    tmp_path / "4")
+    from there (BatchNorm's running statistics and the dropout masks restored with it), so the run stops where
+    checking every step stops it (here a step that jumps the whole band, taken scaled)."""
+    every = _train(*_run(**settings, endpoint_tolerance=0.05), tmp_path / "1")
+    sparse = _train(*_run(**settings, endpoint_tolerance=0.05, endpoint_check_steps=4), tmp_path / "4")
     assert every["endpoint"]["scaled_step"] is not None and 0 < every["endpoint"]["scaled_step"] < 1
     assert "below the band: taken at" in every["endpoint"]["note"]
+    assert 0.95 * TARGET <= every["train_loss"] <= TARGET
     for key in ("train_loss", "test_acc"):
         assert sparse[key] == every[key]
     for key in ("steps", "scaled_step", "final"):
         assert sparse["endpoint"][key] == every["endpoint"][key]
-    assert sparse["endpoint"]["check_steps"] == 4
+    assert sparse["endpoint"]["check_steps"] == 4 and sparse["endpoint"]["checks"] < every["endpoint"]["checks"]
 
 
 def test_a_run_that_cannot_be_brought_within_tolerance_is_recorded_as_missed(tmp_path):
