@@ -350,7 +350,7 @@ def run_info_problem(info: Any) -> str | None:
         if info.get(key) is not None and not isinstance(info[key], str):
             return f"{key} is {info[key]!r}, not a string"
     for key, kind in (("config", dict), ("dataset", dict), ("labels", dict), ("history", list),
-                      ("snapshots", list), ("sweep_axes", list)):
+                      ("snapshots", list), ("sweep_axes", list), ("endpoint", dict)):
         if key in info and not isinstance(info[key], kind):
             return f"{key} is a {type(info[key]).__name__}, not a{'n object' if kind is dict else ' list'}"
     if any(not isinstance(h, dict) for h in info.get("history", [])):
@@ -369,6 +369,25 @@ def run_info_problem(info: Any) -> str | None:
         for key in ("train_acc", "test_acc", "train_loss", "test_loss"):
             if not _is_number(info.get(key)):
                 return f"a finished run whose {key} is {info.get(key)!r}, not a number"
+    return None
+
+
+def endpoint_miss(endpoint: Any) -> str | None:
+    """The one rule for "did a run meet its step-level endpoint" (run.json's `endpoint`, written with
+    `train.endpoint_tolerance`): None when its final train loss is in [(1 − tolerance)·target, target], else
+    why not, in a few words. A run.json without the record, or a record without a tolerance, meets it (None):
+    runs trained without the setting are judged as before."""
+    if not isinstance(endpoint, dict) or endpoint.get("tolerance") is None:
+        return None
+    target, tol, final = (endpoint.get(k) for k in ("target", "tolerance", "final"))
+    if not all(_is_number(v) for v in (target, tol, final)):
+        return f"an endpoint record without its numbers (target {target!r}, tolerance {tol!r}, final {final!r})"
+    target, tol, final = float(target), float(tol), float(final)
+    if not final <= target:  # also NaN
+        return f"did not reach train loss {target:g} (ended at {final:.4g})"
+    if final < (1 - tol) * target:
+        return (f"ended at train loss {final:.4g}, below the endpoint's band [{(1 - tol) * target:.4g}, {target:g}] "
+                f"(train.endpoint_tolerance {tol:g})")
     return None
 
 

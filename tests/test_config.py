@@ -69,6 +69,15 @@ def test_uniform_ratios_are_drawn_from_the_seed():
     ({"measure": {"losses": ["mae"]}}, "unknown loss 'mae'"),
     ({"model": {"name": "wrn", "depth": 15}}, "6k+4"),
     ({"train": {"epochs": 0}}, "must be positive"),
+    ({"train": {"endpoint_tolerance": 0.05}}, "train.endpoint_tolerance needs train.target_train_loss"),
+    ({"train": {"target_train_loss": 0.01, "endpoint_tolerance": 1.0}}, "train.endpoint_tolerance must be in (0, 1)"),
+    ({"train": {"target_train_loss": 0.01, "endpoint_tolerance": 0}}, "train.endpoint_tolerance must be in (0, 1)"),
+    ({"train": {"target_train_loss": 0.01, "target_train_acc": 0.9, "endpoint_tolerance": 0.05}},
+     "applies to train.target_train_loss alone"),
+    ({"train": {"target_train_loss": 0.01, "endpoint_tolerance": 0.05, "endpoint_check_steps": 0}},
+     "train.endpoint_check_steps must be at least 1"),
+    ({"train": {"target_train_loss": 0.01, "endpoint_check_steps": 4}}, "has no effect without train.endpoint_tolerance"),
+    ({"train": {"target_train_loss": 0.01, "endpoint_scale_step": False}}, "has no effect without"),
 ])
 def test_validation_errors_are_one_clear_line(raw, fragment):
     with pytest.raises(ConfigError) as info:
@@ -135,6 +144,24 @@ def test_run_id_ignores_defaults_given_explicitly_and_execution_keys():
                                       "vectorize": 4, "compile": True}, "data": {"root": "/x"}}).run_ids()[0]
     assert plain == explicit
     assert parse_study({"train": {"lr": 0.01}}).run_ids()[0] != plain
+
+
+def test_the_step_endpoint_settings_keep_every_existing_run_id():
+    """Issue 42: a config without `train.endpoint_tolerance` (every committed study) keeps its run ids, also
+    with the endpoint settings' defaults given explicitly; setting the tolerance makes other runs."""
+    raw = {"data": {"dataset": "mnist_mini", "n_train": 300, "n_test": 200, "random_label_ratio": 0.0},
+           "model": {"name": "mlp", "widths": [32]}, "train": {"epochs": 3, "batch_size": 64, "lr": 0.003}}
+    assert parse_study(raw).run_ids() == ["mlp-mnist_mini-r0.00-s0-7dc62239"]  # as in test_planted_bugs
+    loss = {**raw, "train": {**raw["train"], "target_train_loss": 0.01}}
+    plain = parse_study(loss).run_ids()[0]
+    explicit = {**loss, "train": {**loss["train"], "endpoint_tolerance": None, "endpoint_check_steps": 1,
+                                  "endpoint_scale_step": True}}
+    assert parse_study(explicit).run_ids()[0] == plain
+    ids = {parse_study({**loss, "train": {**loss["train"], **extra}}).run_ids()[0]
+           for extra in ({"endpoint_tolerance": 0.05}, {"endpoint_tolerance": 0.1},
+                         {"endpoint_tolerance": 0.05, "endpoint_check_steps": 4},
+                         {"endpoint_tolerance": 0.05, "endpoint_scale_step": False})}
+    assert len(ids) == 4 and plain not in ids
 
 
 def test_identity_diff_names_the_differing_keys():

@@ -82,9 +82,19 @@ class ReportSummary:
 
 def _analysis(exp_dirs: list[Path], records: list[RunRecord], gap: str, min_train_acc: float, n_boot: int,
               seed: int, stale: list[RunRecord] | None) -> tuple[pd.DataFrame, Analysis]:
-    """The table and its statistics; refuses when too few runs can be used (nothing is written then)."""
+    """The table and its statistics; refuses when too few runs can be used (nothing is written then). Runs
+    that missed their step-level endpoint (`endpoint_misses`) stay in the table and are left out of the
+    statistics, listed with their reason."""
     table = build_table(exp_dirs, records=records)
-    analysis = analyze(table, gap=gap, min_train_acc=min_train_acc, n_boot=n_boot, seed=seed)
+    missed = endpoint_misses(records)
+    judged = table
+    if missed:
+        judged = table[[(e, r) not in missed for e, r in zip(table["experiment"], table["run_id"])]]
+        judged.attrs = dict(table.attrs)
+    analysis = analyze(judged, gap=gap, min_train_acc=min_train_acc, n_boot=n_boot, seed=seed)
+    if missed:
+        rows = [{"run_id": r, "experiment": e, "status": "finished", "reason": why} for (e, r), why in missed.items()]
+        analysis.excluded = pd.concat([analysis.excluded, pd.DataFrame(rows)], ignore_index=True)
     if len(analysis.included) < MIN_RUNS:
         reasons = sorted({str(r) for r in analysis.excluded["reason"]}) if len(analysis.excluded) else []
         why = f"; {len(analysis.excluded)} excluded, e.g. {reasons[0]}" if reasons else ""
@@ -96,6 +106,30 @@ def _analysis(exp_dirs: list[Path], records: list[RunRecord], gap: str, min_trai
                                          "report --include-stale counts it)"} for rec in stale])
         analysis.excluded = pd.concat([analysis.excluded, extra], ignore_index=True)
     return table, analysis
+
+
+def endpoint_misses(records: list[RunRecord]) -> dict[tuple[str, str], str]:
+    """(experiment, run id) → why, for every finished run whose run.json `endpoint` record (written with
+    `train.endpoint_tolerance`) says it did not stop within the tolerance below its loss target
+    (`store.endpoint_miss`): such a run is out of the verdict. A run without the record is not judged here
+    (runs trained without the setting are reported as before)."""
+    out = {}
+    for rec in records:
+        if rec.status == "finished":
+            why = store.endpoint_miss(rec.info.get("endpoint"))
+            if why is not None:
+                out[(rec.experiment, rec.run_id)] = f"missed the training endpoint: {why}"
+    return out
+
+
+def _endpoint_warning(excluded: pd.DataFrame) -> str | None:
+    """The report's line naming the runs left out for missing their endpoint (the first five)."""
+    names = [str(r.run_id) for r in excluded.itertuples() if str(r.reason).startswith("missed the training endpoint")]
+    if not names:
+        return None
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return (f"{len(names)} run(s) missed the common training endpoint (train.endpoint_tolerance) and are out of the "
+            f"statistics: {', '.join(names[:5])}{more} (reasons under Excluded runs)")
 
 
 def _write_tables(out_dir: Path, table: pd.DataFrame, analysis: Analysis, levels: pd.DataFrame) -> None:
@@ -122,6 +156,9 @@ def write_statistics(exp_dirs: list[Path], out_dir: Path, records: list[RunRecor
     per snapshot level when the caller has read (and filtered) them (`snapshot_records`)."""
     table, analysis = _analysis(exp_dirs, records, settings.gap, settings.min_train_acc, n_boot, seed, stale)
     endpoint = check_endpoint(analysis.included, settings.max_train_loss, settings.max_loss_span)
+    missed = _endpoint_warning(analysis.excluded)
+    if missed:
+        endpoint.warnings.insert(0, missed)
     levels = level_correlations(records, gap=settings.gap, n_boot=n_boot, seed=seed, final=analysis.correlations,
                                 snapshots=snapshots)
     _write_tables(out_dir, table, analysis, levels)

@@ -292,6 +292,7 @@ def _validate_choices(run: RunConfig) -> None:
         raise ConfigError(f"train.target_train_acc must be in (0, 1], got {run.train.target_train_acc}")
     if run.train.target_train_loss is not None and not run.train.target_train_loss > 0:
         raise ConfigError(f"train.target_train_loss must be positive, got {run.train.target_train_loss}")
+    _validate_endpoint(run.train)
     for level in run.train.snapshot_losses:
         if not level > 0:
             raise ConfigError(f"train.snapshot_losses must be positive losses, got {level}")
@@ -306,8 +307,30 @@ def _validate_choices(run: RunConfig) -> None:
         folders[folder] = level
 
 
+def _validate_endpoint(train: TrainConfig) -> None:
+    """The step-level endpoint's settings: a tolerance in (0, 1) on a loss target, and its other settings only
+    with it (they would change the run's id and do nothing)."""
+    if train.endpoint_tolerance is None:
+        for key, default in (("endpoint_check_steps", 1), ("endpoint_scale_step", True)):
+            if getattr(train, key) != default:
+                raise ConfigError(f"train.{key} has no effect without train.endpoint_tolerance (e.g. 0.05)")
+        return
+    if not 0 < train.endpoint_tolerance < 1:
+        raise ConfigError(f"train.endpoint_tolerance must be in (0, 1) (0.05: within 5% below the target), got "
+                          f"{train.endpoint_tolerance}")
+    if train.target_train_loss is None:
+        raise ConfigError("train.endpoint_tolerance needs train.target_train_loss: the tolerance is a band below "
+                          "the loss target")
+    if train.target_train_acc is not None:
+        raise ConfigError("train.endpoint_tolerance applies to train.target_train_loss alone: with "
+                          "train.target_train_acc a run could stop at the accuracy, outside the band")
+    if train.endpoint_check_steps < 1:
+        raise ConfigError(f"train.endpoint_check_steps must be at least 1, got {train.endpoint_check_steps}")
+
+
 UPPER_BOUNDS = {"train.epochs": 100_000, "train.batch_size": 10**7, "train.eval_batch_size": 10**7,
                 "train.eval_every": 100_000, "train.test_every": 100_000, "train.workers": 1024,
+                "train.endpoint_check_steps": 10**7,
                 "train.step_size": 100_000,
                 "model.width": 10**6, "model.depth": 10_000, "data.n_train": 10**9, "data.n_test": 10**9,
                 "measure.n_examples": 10**9, "measure.chunk_size": 10**9, "measure.max_memory_mb": 10**8,

@@ -97,8 +97,23 @@ class TrainConfig:
     """Stop early once the epoch's running train accuracy reaches this value."""
     target_train_loss: float | None = None
     """Stop once the cross-entropy on the whole training set (eval mode, the labels trained on) is at most
-    this, checked every `eval_every` epochs: every run of a study then ends at the same loss (see
-    docs/guide/endpoint.md)."""
+    this, checked every `eval_every` epochs (every `endpoint_check_steps` optimizer steps near the target with
+    `endpoint_tolerance`): every run of a study then ends at the same loss (see docs/guide/endpoint.md)."""
+    endpoint_tolerance: float | None = None
+    """With `target_train_loss` T: stop at the first optimizer step (checked every `endpoint_check_steps`
+    steps) at which the whole training set's loss is at most T, and record the endpoint as met when that loss
+    is at least (1 − tolerance)·T (e.g. 0.05: within 5% of T). The epoch in which the loss crossed T, found by
+    the epoch-end check, is replayed from its start step by step (docs/guide/endpoint.md). Default (null): the
+    run stops at the first evaluated epoch whose loss is at most T, wherever below T that is."""
+    endpoint_check_steps: int = 1
+    """`endpoint_tolerance`: optimizer steps between checks of the training-set loss in the epoch in which it
+    crossed the target; a check that finds it below the tolerance band goes back to the previous check and
+    steps one at a time from there."""
+    endpoint_scale_step: bool = True
+    """`endpoint_tolerance`: when one optimizer step takes the loss from above the target to below
+    (1 − tolerance)·target, take that step with its learning rate scaled down (the weights moved a fraction
+    s of the step, found by bisection, s recorded in run.json) so that the run ends within the tolerance;
+    false: keep the full step and record the run as having missed its endpoint (the report excludes it)."""
     snapshot_losses: tuple[float, ...] = ()
     """Keep a copy of the model the first time its whole-training-set loss is at most each of these levels
     (e.g. [0.1, 0.01, 0.001]); `measure` and `report` then give each measure's τ at every level."""

@@ -6,6 +6,12 @@ epochs together with the test set, and only once the running loss is near the ne
 `evaluates_at`, `train.lazy_eval`), so that every run of a study ends at a comparable point.
 `target_met` is the one rule for "did the run reach its target", used both to stop and to record
 `reached_target` in run.json.
+
+With `train.endpoint_tolerance` the loss target is checked at step resolution (`step_endpoint`): the end of
+every epoch near the target is checked (`checks_epoch_end`), and the epoch in which the loss crossed the
+target is replayed step by step (`flatbench.training.crossing`); run.json's `endpoint` record
+(`endpoint_summary`) says where the run stopped and whether that is within the tolerance
+(`store.endpoint_miss`, the rule the report applies).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatbench.config import RunConfig
+from flatbench.store import endpoint_miss
 
 
 class TrainingDiverged(Exception):
@@ -84,18 +91,101 @@ def evaluates_at(cfg: RunConfig, epoch: int, running_loss: float | None = None,
 
 
 def epoch_record(model: nn.Module, ds: Any, cfg: RunConfig, epoch: int, stats: EpochStats, lr: float,
-                 seconds: float, history: list[dict] | tuple = ()) -> dict[str, Any]:
+                 seconds: float, history: list[dict] | tuple = (),
+                 train_eval: tuple[float, float] | None = None) -> dict[str, Any]:
     """One history entry: the epoch's running train loss/accuracy (training mode, as the optimizer saw
     them), and at evaluation epochs (`evaluates_at`, given the run's `history` so far) the whole training
     set's loss/accuracy in eval mode on the labels trained on (`eval_train_*`, what the loss target and
-    snapshots use) and, where `tests_at` says so, the test set's."""
+    snapshots use; `train_eval` when the caller has evaluated it already) and, where `tests_at` says so,
+    the test set's."""
     record: dict[str, Any] = {"epoch": epoch, "train_loss": stats.loss, "train_acc": stats.acc, "lr": float(lr),
                               "seconds": round(seconds, 3)}
     if evaluates_at(cfg, epoch, stats.loss, history):
         bs = cfg.train.eval_batch_size
-        record["eval_train_loss"], record["eval_train_acc"] = evaluate(model, ds.x_train, ds.y_train, bs)
+        if train_eval is None:
+            train_eval = evaluate(model, ds.x_train, ds.y_train, bs)
+        record["eval_train_loss"], record["eval_train_acc"] = train_eval
         if tests_at(cfg, epoch, record, history):
             record["test_loss"], record["test_acc"] = evaluate(model, ds.x_test, ds.y_test, bs)
+    return record
+
+
+# ---------------------------------------------------------------- the step-level endpoint
+
+
+@dataclass(frozen=True)
+class StepEndpoint:
+    """`train.endpoint_tolerance` and its settings: stop at the first check (every `check_steps` optimizer
+    steps) at which the training-set loss is at most `target`, within the band [`floor`, `target`]."""
+
+    target: float
+    tolerance: float
+    check_steps: int
+    scale_step: bool
+
+    @property
+    def floor(self) -> float:
+        """The lowest loss within the tolerance: (1 − tolerance)·target."""
+        return (1 - self.tolerance) * self.target
+
+
+def step_endpoint(cfg: RunConfig) -> StepEndpoint | None:
+    """The run's step-level endpoint, or None (no `train.endpoint_tolerance`: epoch-level checks only)."""
+    t = cfg.train
+    if t.endpoint_tolerance is None or t.target_train_loss is None:
+        return None
+    return StepEndpoint(t.target_train_loss, t.endpoint_tolerance, t.endpoint_check_steps, t.endpoint_scale_step)
+
+
+def checks_epoch_end(cfg: RunConfig, epoch: int, running_loss: float, history: list[dict] | tuple = ()) -> bool:
+    """Whether the end of `epoch` (1-based) evaluates the whole training set: where the history records an
+    evaluation (`evaluates_at`), and with the step-level endpoint also at every epoch whose running loss is at
+    most `train.lazy_eval` times the target (every epoch with lazy_eval 0), whatever `train.eval_every`, so
+    that the epoch in which the loss crosses the target is the one found."""
+    if evaluates_at(cfg, epoch, running_loss, history):
+        return True
+    endpoint = step_endpoint(cfg)
+    if endpoint is None:
+        return False
+    k = cfg.train.lazy_eval
+    return not k or not math.isfinite(running_loss) or running_loss <= k * endpoint.target
+
+
+def crossing_record(model: nn.Module, ds: Any, cfg: RunConfig, epoch: int, stats: EpochStats, lr: float,
+                    seconds: float, steps: int, train_eval: tuple[float, float]) -> dict[str, Any]:
+    """The history entry of the epoch in which a run stopped at its step-level endpoint after `steps` of its
+    optimizer steps: the running loss/accuracy of those steps, the training set's at the stop (`train_eval`,
+    the check that stopped it) and the test set's."""
+    bs = cfg.train.eval_batch_size
+    record: dict[str, Any] = {"epoch": epoch, "train_loss": stats.loss, "train_acc": stats.acc, "lr": float(lr),
+                              "seconds": round(seconds, 3), "steps": steps}
+    record["eval_train_loss"], record["eval_train_acc"] = train_eval
+    record["test_loss"], record["test_acc"] = evaluate(model, ds.x_test, ds.y_test, bs)
+    return record
+
+
+def endpoint_summary(cfg: RunConfig, final_loss: float, history: list[dict], n_train: int,
+                     seek: dict[str, Any] | None) -> dict[str, Any] | None:
+    """run.json's `endpoint` record of a run with a step-level endpoint (None without one): the target, the
+    tolerance, the final train loss, whether it was reached and is within the tolerance (`store.endpoint_miss`,
+    the report's rule, and why not), the optimizer steps taken, the checks made to find the crossing step and
+    the scale of the last step where it was taken scaled (`seek`: what `crossing.seek_crossing` found)."""
+    endpoint = step_endpoint(cfg)
+    if endpoint is None:
+        return None
+    per_epoch = math.ceil(n_train / cfg.train.batch_size)
+    seek = seek or {}
+    record: dict[str, Any] = {
+        "target": endpoint.target, "tolerance": endpoint.tolerance, "final": final_loss,
+        "reached": final_loss <= endpoint.target, "within_tolerance": True,
+        "steps": sum(int(h.get("steps", per_epoch)) for h in history), "epochs": len(history),
+        "check_steps": endpoint.check_steps, "checks": int(seek.get("checks", 0)),
+        "scaled_step": seek.get("scale")}
+    miss = endpoint_miss(record)
+    if miss is not None:
+        record.update(within_tolerance=False, missed=miss)
+    if seek.get("note"):
+        record["note"] = seek["note"]
     return record
 
 

@@ -22,7 +22,10 @@ round differently); tests/training/test_vectorized.py checks this.
 
 Early stopping (`train.target_train_acc`, `train.target_train_loss`): a run that reaches its target at the end of an epoch is
 finished (evaluated and written) and leaves the group; the others go on with the group re-stacked
-without it, so it is frozen exactly at that epoch. Runs resumed from checkpoints of different epochs
+without it, so it is frozen exactly at that epoch. With a step-level endpoint (`train.endpoint_tolerance`)
+the group's state is captured at each epoch's start, and a run whose epoch ended at or below its target is
+put back at that start and replays the epoch alone, step by step, to its own stopping step
+(`crossing.seek_crossing`); the others go on. Runs resumed from checkpoints of different epochs
 are trained as separate sub-groups.
 
 Only models without batch norm and dropout are grouped (mlp with `batch_norm: false`, lenet): their
@@ -53,8 +56,9 @@ from flatbench.errors import Echo
 from flatbench.seeding import augment_generator, batch_generator
 from flatbench.store import CHECKPOINT_FILE, RUN_JSON, RunLock, RunLocked, atomic_write_json, run_dir
 from flatbench.training.batches import augment_batch, epoch_batches
+from flatbench.training.crossing import crossed, end_check, record_stop, seek_crossing
 from flatbench.training.endpoint import (EpochStats, TrainingDiverged, check_finite_loss, epoch_record,
-                                         progress_fields, reached_endpoint)
+                                         progress_fields, reached_endpoint, step_endpoint)
 from flatbench.training.loop import finish_run
 from flatbench.training.outcome import TrainOutcome
 from flatbench.training.run_folder import check_run_dir, restore_run, save_snapshots, start_info, write_checkpoint
@@ -131,6 +135,10 @@ class Member:
     history: list[dict] = field(default_factory=list)
     path: Path | None = None
     info: dict = field(default_factory=dict)
+    last_check: float | None = None
+    """The training-set loss at the end of the run's last epoch, where it was checked."""
+    seek: dict | None = None
+    """Where a step-level endpoint stopped the run inside an epoch: what the search found."""
 
 
 def new_member(run_id: str, cfg: RunConfig, ds: Any, device: torch.device) -> Member:
@@ -257,20 +265,37 @@ class VectorizedGroup:
     @torch.no_grad()
     def write_back(self) -> None:
         """Copy each run's slice (weights, optimizer state, lr, schedule) into its own model and optimizer."""
-        hyper = _hyper(self.opt)
+        states = {n: self.opt.state.get(self.params[n], {}) for n in self.names}
         sched_state = self.sched.state_dict() if self.sched is not None else None
         for g, m in enumerate(self.members):
-            own = dict(m.model.named_parameters())
-            for n in self.names:
-                own[n].copy_(self.params[n][g])
-                st = self.opt.state.get(self.params[n], {})
-                if st:
-                    m.opt.state[own[n]] = {k: (v[g].clone() if self._is_stacked(n, v)
-                                               else v.clone() if isinstance(v, torch.Tensor) else v)
-                                           for k, v in st.items()}
-            m.opt.param_groups[0].update(hyper)
-            if m.sched is not None and sched_state is not None:
-                m.sched.load_state_dict(sched_state)
+            _write_member(m, g, self.params, states, _hyper(self.opt), sched_state)
+
+    def capture(self) -> dict[str, Any]:
+        """The group's state now (copies), to put a member back at it later (`restore_member`)."""
+        return {"ids": [m.run_id for m in self.members],
+                "params": {n: self.params[n].detach().clone() for n in self.names},
+                "states": {n: {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                               for k, v in self.opt.state.get(self.params[n], {}).items()} for n in self.names},
+                "hyper": copy.deepcopy(_hyper(self.opt)),
+                "sched": copy.deepcopy(self.sched.state_dict()) if self.sched is not None else None}
+
+    def restore_member(self, captured: dict[str, Any], m: Member) -> None:
+        """Put a member's own model, optimizer and schedule at its slice of a `capture`d group state."""
+        g = captured["ids"].index(m.run_id)
+        _write_member(m, g, captured["params"], captured["states"], captured["hyper"], captured["sched"])
+
+    @torch.no_grad()
+    def load_member(self, m: Member) -> None:
+        """Put a member's own weights and optimizer state into its slice of the group (after it trained an
+        epoch alone, `_seek_crossed`)."""
+        g = self.members.index(m)
+        own = dict(m.model.named_parameters())
+        for n in self.names:
+            self.params[n][g].copy_(own[n])
+            mine = m.opt.state.get(own[n], {})
+            for k, v in self.opt.state.get(self.params[n], {}).items():
+                if self._is_stacked(n, v):
+                    v[g].copy_(mine[k])
 
     # ---- training
 
@@ -320,6 +345,26 @@ class VectorizedGroup:
     @property
     def lr(self) -> float:
         return float(self.opt.param_groups[0]["lr"])
+
+
+@torch.no_grad()
+def _write_member(m: Member, g: int, params: dict[str, torch.Tensor], states: dict[str, dict], hyper: dict[str, Any],
+                  sched_state: dict | None) -> None:
+    """Copy slice `g` of stacked weights and optimizer states (and the shared lr and schedule) into member
+    `m`'s own model, optimizer and schedule."""
+    own = dict(m.model.named_parameters())
+    for n, stacked in params.items():
+        own[n].copy_(stacked[g])
+        st = states.get(n) or {}
+        if not st:
+            m.opt.state.pop(own[n], None)
+            continue
+        m.opt.state[own[n]] = {k: (v[g].clone() if isinstance(v, torch.Tensor) and v.dim() > 0
+                                   and v.shape == stacked.shape else v.clone() if isinstance(v, torch.Tensor) else v)
+                               for k, v in st.items()}
+    m.opt.param_groups[0].update(hyper)
+    if m.sched is not None and sched_state is not None:
+        m.sched.load_state_dict(sched_state)
 
 
 # ---------------------------------------------------------------- training a group of runs on disk
@@ -412,7 +457,7 @@ def _train_bucket(members: list[Member], device: torch.device, stop: Any, *, pro
 
     def finish(m: Member) -> None:
         finish_run(m.run_id, m.cfg, m.path, m.model, m.ds, m.info, m.history, len(m.history),
-                   prior[m.run_id] + time.perf_counter() - t0, progress=progress, echo=echo)
+                   prior[m.run_id] + time.perf_counter() - t0, progress=progress, echo=echo, seek=m.seek)
 
     active = []
     for m in members:
@@ -430,9 +475,12 @@ def _train_bucket(members: list[Member], device: torch.device, stop: Any, *, pro
     if progress:
         bar = tqdm(total=cfg.train.epochs, initial=epoch, leave=False, dynamic_ncols=True, unit="ep",
                    desc=f"{len(active)} runs at once ({active[0].run_id}, ...)")
+    for m in active:
+        m.last_check = m.history[-1].get("eval_train_loss") if m.history else None
     try:
         while epoch < cfg.train.epochs and group.members:
             e0 = time.perf_counter()
+            start = group.capture() if step_endpoint(cfg) is not None else None  # to replay a crossing epoch
             stats = group.train_epoch(epoch, stop)
             group.step_schedule()
             epoch += 1
@@ -441,7 +489,9 @@ def _train_bucket(members: list[Member], device: torch.device, stop: Any, *, pro
             stats = _drop_diverged(group, stats, epoch, failed, echo)
             if not group.members:
                 break
-            _record_epoch(group, stats, epoch, seconds)
+            crossing = _record_epoch(group, stats, epoch, seconds)
+            if start is not None:
+                _seek_crossed(group, start, crossing, epoch, stop, seconds)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(progress_fields(group.members[0].history[-1]))
@@ -479,14 +529,50 @@ def _drop_diverged(group: VectorizedGroup, stats: list[tuple[float, float]], epo
     return [stats[i] for i in keep]
 
 
-def _record_epoch(group: VectorizedGroup, stats: list[tuple[float, float]], epoch: int, seconds: float) -> None:
-    """Each member's history entry, snapshots and epoch checkpoint, as `loop.train_run` writes them."""
+def _record_epoch(group: VectorizedGroup, stats: list[tuple[float, float]], epoch: int, seconds: float
+                  ) -> list[Member]:
+    """Each member's history entry, snapshots and epoch checkpoint, as `loop.train_run` writes them; returns
+    the members whose epoch ended at or below a step-level endpoint's target: they get their entry when the
+    step is found (`_seek_crossed`)."""
+    crossing = []
     for m, (loss, acc) in zip(group.members, stats):
-        m.history.append(epoch_record(m.model, m.ds, m.cfg, epoch, EpochStats(loss, acc), group.lr, seconds,
-                                      m.history))
-        save_snapshots(m.model, m.cfg, m.path, m.history, m.ds)
-        if epoch % m.cfg.train.checkpoint_every == 0:
-            write_checkpoint(m.path / CHECKPOINT_FILE, m.model, m.opt, m.sched, epoch, m.history, m.cfg.config_hash())
+        train_eval = end_check(m.model, m.ds, m.cfg, epoch, loss, m.history)
+        if crossed(m.cfg, train_eval):
+            crossing.append(m)
+        else:
+            _append_epoch(m, EpochStats(loss, acc), epoch, group.lr, seconds, train_eval)
+    return crossing
+
+
+def _append_epoch(m: Member, stats: EpochStats, epoch: int, lr: float, seconds: float,
+                  train_eval: tuple[float, float] | None) -> None:
+    m.history.append(epoch_record(m.model, m.ds, m.cfg, epoch, stats, lr, seconds, m.history, train_eval))
+    m.last_check = train_eval[0] if train_eval is not None else None
+    save_snapshots(m.model, m.cfg, m.path, m.history, m.ds)
+    if epoch % m.cfg.train.checkpoint_every == 0:
+        write_checkpoint(m.path / CHECKPOINT_FILE, m.model, m.opt, m.sched, epoch, m.history, m.cfg.config_hash())
+
+
+def _seek_crossed(group: VectorizedGroup, start: dict[str, Any], crossing: list[Member], epoch: int, stop: Any,
+                  seconds: float) -> None:
+    """Each member whose training-set loss crossed its target in `epoch` (1-based) is put back at the epoch's
+    start (`start`, the group captured then) and replays the epoch alone (`crossing.seek_crossing`, its own
+    model: the group's weights up to float rounding) to the step at which it stops; `_finish_reached` then
+    finishes it. A replay that ends above the target (float rounding made the alone epoch differ from the
+    group's) goes on in the group from the replayed weights, its epoch recorded as any other."""
+    for m in crossing:
+        e0 = time.perf_counter()
+        group.restore_member(start, m)
+        found = seek_crossing(m.model, m.opt, m.sched, m.ds, m.cfg, epoch - 1, stop, m.model, m.last_check)
+        took = seconds + time.perf_counter() - e0
+        if found.crossed:
+            record_stop(found, m.model, m.ds, m.cfg, epoch, float(m.opt.param_groups[0]["lr"]), took, m.history)
+            save_snapshots(m.model, m.cfg, m.path, m.history, m.ds)
+            m.seek = found.seek_info()
+        else:
+            group.load_member(m)
+            train_eval = end_check(m.model, m.ds, m.cfg, epoch, found.stats.loss, m.history)
+            _append_epoch(m, found.stats, epoch, group.lr, took, train_eval)
 
 
 def _finish_reached(group: VectorizedGroup, finish: Callable[[Member], None]) -> None:
