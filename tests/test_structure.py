@@ -21,7 +21,7 @@ FLOORS = {
     "flatbench.measures": 4, "flatbench.analysis": 4,
     "flatbench.training": 3, "flatbench.curvature": 3, "flatbench.rescale": 3,
     "flatbench.data": 2, "flatbench.models": 2, "flatbench.npz": 1,
-    "flatbench.config": 1, "flatbench.store": 1, "flatbench.losses": 1,
+    "flatbench.config": 1, "flatbench.store": 1, "flatbench.figure_png": 1, "flatbench.losses": 1,
     "flatbench.errors": 0, "flatbench.seeding": 0, "flatbench.userspec": 0, "flatbench": 0,
 }
 PUBLIC_API = {"flatbench.api", "flatbench.verification", "flatbench.measures.plugin", "flatbench.measures.registry"}
@@ -106,6 +106,14 @@ def test_analysis_reads_files_not_the_registry():
                 (module, deps)
 
 
+def test_measures_import_nothing_from_analysis():
+    """Measures and analysis share a floor but are siblings: a measure's figure (the density plot) renders
+    through `flatbench.figure_png`, below both, not through the report's plotting package."""
+    for module, deps in GRAPH.items():
+        if module.startswith("flatbench.measures"):
+            assert not [d for d in deps if d.startswith("flatbench.analysis")], (module, deps)
+
+
 def test_one_home_for_each_rule():
     """Rules that were once written in several places are written once."""
     sources = {p: p.read_text() for p in PACKAGE.rglob("*.py")}
@@ -118,7 +126,7 @@ def test_one_home_for_each_rule():
     assert where("FAMILIES = (") == ["flatbench/rescale.py"]
     assert where('partition("@")') == ["flatbench/measures/keys.py"]
     assert where('split("@"') == []
-    assert where("fig.savefig(") == [] and where(".buffer_rgba()") == ["flatbench/analysis/plots/common.py"]  # one PNG encoder
+    assert where("fig.savefig(") == [] and where(".buffer_rgba()") == ["flatbench/figure_png.py"]  # one PNG encoder
     assert where('cache[("hessian_diagonal"') == []  # the cache keys live in measures/shared.py only
     assert where('return ("hessian_diagonal"') == ["flatbench/measures/shared.py"]
     assert where("def config_reference") == []  # the README table generator is a script

@@ -53,7 +53,7 @@ def plot_density(entry: Any, path: str | Path, *, title: str = "Hessian spectral
     grid, density = info.get("grid"), info.get("density")
     if not grid or not density or len(grid) != len(density):
         raise FlatbenchError("this entry has no spectral density to plot (ask for the measure hessian_density)")
-    from flatbench.analysis.plots.common import new_figure, png_bytes  # the project's one PNG encoder
+    from flatbench.figure_png import new_figure, png_bytes  # the project's one PNG encoder
     from flatbench.store import atomic_write_bytes
 
     floor = max(max(density) * 1e-8, 1e-300)

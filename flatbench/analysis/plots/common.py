@@ -13,7 +13,6 @@ shows them at their own size (one PNG pixel per CSS pixel) and no text is scaled
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +24,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
 from matplotlib.figure import Figure
-from PIL import Image as PILImage
 
 from flatbench.analysis.fmt import p_phrase
 from flatbench.analysis.table import RATIO_COLUMN, to_float
+from flatbench.figure_png import DPI, PAGE_WIDTH, encode as _encode, new_figure, png_bytes  # noqa: F401 (re-exported)
 
 CMAP = "cividis"
 """The random-label ratio (sequential: lightness orders the values)."""
@@ -38,37 +37,6 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
 LINESTYLES = ("-", "--", ":", "-.")
 RATIO_NORM = Normalize(vmin=0.0, vmax=1.0)
 """Ratios always span [0, 1]: the same colour means the same ratio in every figure."""
-DPI = 110
-PAGE_WIDTH = 10.0
-"""Inches: 1,100 px at `DPI`, the HTML report's text width."""
-
-
-def new_figure(width: float, height: float) -> Figure:
-    """A constrained-layout figure at the report's DPI (so that drawing coordinates are PNG pixels)."""
-    return Figure(figsize=(min(width, PAGE_WIDTH), height), dpi=DPI, layout="constrained")
-
-
-def png_bytes(fig: Figure) -> bytes:
-    """Render to PNG at `DPI` and free the figure's artists (the report can hold hundreds of plots)."""
-    fig.set_dpi(DPI)
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return _encode(canvas, fig)
-
-
-def _encode(canvas: FigureCanvasAgg, fig: Figure) -> bytes:
-    """The canvas as drawn, as a 256-colour PNG, then the figure cleared. Drawn once (`savefig` would lay out
-    and draw the figure again, which doubled the report's time); 256 colours keep flat plot colours and
-    antialiased text intact at a third of the bytes of RGB, so a report of 40 measures stays a few MB."""
-    width, height = canvas.get_width_height()
-    image = PILImage.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-    buf = io.BytesIO()
-    image.convert("RGB").quantize(colors=256, method=PILImage.Quantize.FASTOCTREE,
-                                  dither=PILImage.Dither.NONE).save(buf, format="png")
-    fig.clear()
-    return buf.getvalue()
-
-
 @dataclass
 class Drawn:
     """A rendered figure and, for hover, where its data points landed: `points` rows are
