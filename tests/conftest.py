@@ -18,8 +18,11 @@ import yaml
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 # The tests use tiny tensors: thread start-up and spinning cost more than they save, and badly so on a
-# shared 2-core machine. Subprocesses (the real CLI) keep torch's default.
+# shared 2-core machine. Subprocesses (the real CLI) get one thread too unless a test sets it (the workers'
+# tests do): an OpenMP thread spinning on a core that another process holds made a 0.9 s training run take
+# 52 s on this machine under load (tests/training/test_loop.py's resume test: 103 s).
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="module", autouse=True)

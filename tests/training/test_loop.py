@@ -208,7 +208,7 @@ def test_runs_that_differ_in_ratio_share_init_and_batch_order():
 INTERRUPT_CONFIG = {
     "name": "resume", "seed": 0,
     "data": {"dataset": "mnist_mini", "n_train": 3000, "n_test": 200, "random_label_ratio": 0.5},
-    "model": {"name": "mlp", "widths": [256, 256]},
+    "model": {"name": "mlp", "widths": [64, 64]},
     "train": {"epochs": 8, "batch_size": 32, "schedule": "cosine"},  # resume must restore the schedule too
 }
 INTERRUPT_ID = parse_study(INTERRUPT_CONFIG).run_ids()[0]
