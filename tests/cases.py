@@ -116,9 +116,21 @@ class TinyResNet(nn.Module):
         return self.head(self.bn2(self.conv2(h)) + self.shortcut(x))
 
 
-def _eval_bn(model: nn.Module) -> nn.Module:
+def small_tanh_mlp() -> nn.Module:
+    """A seeded float32 Flatten-Linear-Tanh-Linear net on (3, 4) inputs, 3 classes: the API tests' model."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def small_data(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` seeded (3, 4) inputs and balanced labels for `small_tanh_mlp`."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 3, 4, generator=g), torch.arange(n) % 3
+
+
+def eval_bn(model: nn.Module, gen: torch.Generator | None = None) -> nn.Module:
     """Random running statistics and affine parameters, so BatchNorm is not close to the identity."""
-    gen = torch.Generator().manual_seed(1)
+    gen = gen if gen is not None else torch.Generator().manual_seed(1)
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen))
@@ -138,7 +150,7 @@ def tiny_network(name: str) -> tuple[nn.Module, tuple[int, ...]]:
                             nn.Linear(7, C))
         shape: tuple[int, ...] = (6,)
     elif name == "mlp_bn":
-        net = _eval_bn(nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(inplace=True),
+        net = eval_bn(nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(inplace=True),
                                      nn.Linear(8, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, C)))
         shape = (6,)
     elif name == "lenet":
@@ -147,7 +159,7 @@ def tiny_network(name: str) -> tuple[nn.Module, tuple[int, ...]]:
                             nn.Flatten(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, C))
         shape = (1, 10, 10)
     elif name == "resnet":
-        net, shape = _eval_bn(TinyResNet()), (2, 5, 5)
+        net, shape = eval_bn(TinyResNet()), (2, 5, 5)
     elif name == "conv_variants":  # stride, dilation, groups, reflect and 'same' padding, avg-pool
         net = nn.Sequential(nn.Conv2d(2, 4, 3, stride=2, padding=1, padding_mode="reflect"), nn.ReLU(),
                             nn.Conv2d(4, 4, 3, dilation=2, groups=2, padding="same"), nn.ReLU(),
@@ -183,9 +195,14 @@ class _CustomGelu(nn.Module):
 
 
 def dense_hessian(net: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Any) -> torch.Tensor:
-    """The brute-force reference of every exact curvature test: ∇²_θ L of the mean loss by
-    `torch.func.hessian` over the flat parameter vector (float64 nets: exact to rounding)."""
-    from torch.func import functional_call, hessian
+    """The brute-force reference of every exact curvature test: ∇²_θ L of the mean loss over the flat
+    parameter vector by reverse over reverse (`torch.autograd.functional.hessian`), under the math attention
+    kernel (float64 nets: exact to rounding). Not `torch.func.hessian`: that is forward over reverse, which
+    in torch 2.14.1 is wrong through InstanceNorm (issue 41), so it cannot be the reference."""
+    from torch.autograd.functional import hessian
+    from torch.func import functional_call
+
+    from flatbench.curvature import math_attention
 
     params = {k: p.detach() for k, p in net.named_parameters()}
     buffers = dict(net.named_buffers())
@@ -197,4 +214,5 @@ def dense_hessian(net: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Any) -
             offset += p.numel()
         return loss(functional_call(net, (d, buffers), (x,)), y)
 
-    return hessian(f)(torch.cat([p.reshape(-1) for p in params.values()]))
+    with math_attention():
+        return hessian(f, torch.cat([p.reshape(-1) for p in params.values()]))

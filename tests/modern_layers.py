@@ -66,6 +66,7 @@ from torch.autograd.functional import hessian
 from torch.func import functional_call
 
 from flatbench.curvature import math_attention
+from cases import eval_bn
 
 CLASSES = 3
 """Classes of every case (the logits)."""
@@ -225,16 +226,6 @@ def _ce(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits, targets, reduction="none")
 
 
-def _eval_bn(model: nn.Module, gen: torch.Generator) -> None:
-    """Running statistics and affine parameters far from the identity's."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen))
-            m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
-            m.weight.data.copy_(torch.randn(m.weight.shape, generator=gen))
-            m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen))
-
-
 def _perturb_norm_affine(model: nn.Module, gen: torch.Generator) -> None:
     """Norm layers' affine parameters away from (1, 0), so their gradients are not at a special point."""
     kinds = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.instancenorm._InstanceNorm)
@@ -303,7 +294,7 @@ def layer_case(name: str, n: int = 6) -> LayerCase:
         raise KeyError(f"no case {name!r} (choose one of {', '.join(MODERN_LAYERS)})")
     model = model.double().eval()
     with torch.no_grad():
-        _eval_bn(model, gen)
+        eval_bn(model, gen)
         _perturb_norm_affine(model, gen)
     if tokens:
         x = torch.randint(0, model.emb.num_embeddings if hasattr(model, "emb") else model[0].num_embeddings,

@@ -17,14 +17,7 @@ import flatbench
 from flatbench.errors import FlatbenchError
 
 
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.Tanh(), nn.Linear(6, 3))
-
-
-def _data(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(n, 3, 4, generator=g), torch.arange(n) % 3
+from cases import small_data as _data, small_tanh_mlp as _mlp  # noqa: E402
 
 
 def _one_line(match: str, *args, **kwargs) -> str:

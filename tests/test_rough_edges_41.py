@@ -107,14 +107,7 @@ def test_the_api_passes_the_hvp_mode_to_the_measured_model(blobs, probe) -> None
 # ---------------------------------------------------------------- 6. Lanczos residuals
 
 
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.Tanh(), nn.Linear(6, 3))
-
-
-def _data(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(n, 3, 4, generator=g), torch.arange(n) % 3
+from cases import small_data as _data, small_tanh_mlp as _mlp  # noqa: E402
 
 
 def test_hessian_max_eig_names_its_relative_and_absolute_residuals() -> None:

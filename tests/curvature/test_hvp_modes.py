@@ -14,14 +14,14 @@ import importlib
 import pytest
 import torch
 from torch import nn
-from torch.autograd.functional import hessian
-from torch.func import functional_call
 
 import flatbench
-from flatbench.curvature import (AUTO_MODE, HessianOperator, check_tolerance, hvp, hvp_log, math_attention,
+from flatbench.curvature import (AUTO_MODE, HessianOperator, check_tolerance, hvp, hvp_log,
                                  use_hvp_mode)
 from flatbench.curvature import modes
 from flatbench.losses import get_loss
+
+from cases import dense_hessian
 
 HVP = importlib.import_module("flatbench.curvature.hvp")
 """The module (`flatbench.curvature.hvp` the name is the function, re-exported)."""
@@ -47,18 +47,8 @@ def _data(shape: tuple[int, ...], n: int = 10) -> tuple[torch.Tensor, torch.Tens
 
 
 def dense(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """∇²_θ L by reverse over reverse (`torch.autograd.functional.hessian`), the reference."""
-    params = {k: p.detach() for k, p in net.named_parameters()}
-
-    def f(flat: torch.Tensor) -> torch.Tensor:
-        d, offset = {}, 0
-        for k, p in params.items():
-            d[k] = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        return get_loss("ce")(functional_call(net, d, (x,)), y)
-
-    with math_attention():
-        return hessian(f, torch.cat([p.reshape(-1) for p in params.values()]))
+    """∇²_θ L by reverse over reverse (`cases.dense_hessian`), the reference."""
+    return dense_hessian(net, x, y, get_loss("ce"))
 
 
 @pytest.mark.parametrize("net", sorted(NETS))

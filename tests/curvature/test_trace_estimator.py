@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
-from flatbench.curvature import HUTCHPP_DEFAULTS, HessianOperator, hutchpp_trace, math_attention
+from flatbench.curvature import HUTCHPP_DEFAULTS, HessianOperator, hutchpp_trace
 from flatbench.losses import get_loss
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.registry import get_measure
 from flatbench.measures.runner import compute_entry
+
+from cases import dense_hessian
 
 C, N = 3, 16
 
@@ -52,18 +53,7 @@ def case(cls: type[nn.Module]) -> tuple[nn.Module, Tensor, Tensor, Tensor]:
     torch.manual_seed(0)
     net = cls().double().eval()
     x, y = torch.randn(N, 4, 3, dtype=torch.float64), torch.arange(N) % C
-    params = {k: p.detach() for k, p in net.named_parameters()}
-
-    def f(flat: Tensor) -> Tensor:
-        d, offset = {}, 0
-        for k, p in params.items():
-            d[k] = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        return get_loss("ce")(functional_call(net, d, (x,)), y)
-
-    with math_attention():
-        hess = torch.autograd.functional.hessian(f, torch.cat([p.reshape(-1) for p in params.values()]))
-    return net, x, y, hess
+    return net, x, y, dense_hessian(net, x, y, get_loss("ce"))
 
 
 def trace_entry(net: nn.Module, x: Tensor, y: Tensor, **settings) -> dict:
