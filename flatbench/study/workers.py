@@ -29,11 +29,13 @@ from typing import Any
 import torch
 
 from flatbench.errors import silence_library_noise
+from flatbench.measures.watchdog import own_process
 from flatbench.training.signals import STOP_SIGNALS, StopFlag, hold_stop_signals
 
 
 def _init_worker(threads: int, parent: int, hold_signals: bool = False) -> None:
     die_with_parent(parent)
+    own_process()  # a measure past its hard time limit ends this worker (the parent reports the task)
     if hold_signals:
         hold_stop_signals()
     torch.set_num_threads(max(1, threads))
