@@ -176,6 +176,22 @@ def _same_attr(now: tuple[Any, Any], then: tuple[Any, Any]) -> bool:
     return obj is saved or (type(obj) is type(saved) and type(obj) in _PLAIN and obj == saved)
 
 
+_TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def _tensor_hooks(model: nn.Module) -> dict[tuple[str, str], tuple[dict, tuple]]:
+    """Each parameter's gradient hooks (`register_hook`, `register_post_accumulate_grad_hook`): the registry
+    dict torch reads them from, and its items (a hook left on a parameter would change every later gradient
+    of the caller's model)."""
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        for kind in _TENSOR_HOOKS:
+            hooks = getattr(p, kind, None)
+            if isinstance(hooks, dict):
+                out[(name, kind)] = (hooks, tuple(hooks.items()))
+    return out
+
+
 def _classes(model: nn.Module) -> dict[type, Any]:
     """Every class in the model's modules' MROs (below nn.Module) → its own `forward` (or `_MISSING`)."""
     classes = {c for m in model.modules() for c in type(m).__mro__ if issubclass(c, nn.Module) and c is not nn.Module}
@@ -199,6 +215,8 @@ class ModelGuard:
         self.attrs = [(name or "(model)", m, _module_attrs(m)) for name, m in model.named_modules(remove_duplicate=False)
                       ] if bitwise else []
         self.classes = _classes(model) if bitwise else {}
+        self.root = model
+        self.hooks = _tensor_hooks(model) if bitwise else None
 
     def _same(self, label: str, now: torch.Tensor) -> bool:
         held, version, pointer, dtype, shape = self.held.get(label, (None, None, None, None, None))
@@ -217,6 +235,10 @@ class ModelGuard:
                     continue  # the tensors are compared (and named) one by one
                 out.append(f"{_WORDS.get(key, key.strip('_').replace('_', ' '))} of {name}")
         out += [f"{c.__name__}.forward" for c, f in self.classes.items() if c.__dict__.get("forward", _MISSING) is not f]
+        if self.hooks is not None:
+            now = _tensor_hooks(self.root)
+            out += sorted({f"gradient hooks of {name}" for key, (_, items) in now.items()
+                           if items and self.hooks.get(key, (None, ()))[1] != items for name in key[:1]})
         return out
 
     def change(self, model: nn.Module) -> str | None:
@@ -256,6 +278,11 @@ class ModelGuard:
                 elif isinstance(obj, set):
                     obj.clear()
                     obj.update(content)
+        for key, (hooks, items) in (_tensor_hooks(self.root) if self.hooks is not None else {}).items():
+            kept = self.hooks.get(key, (None, ()))[1]
+            if items != kept:  # the same registry object, refilled: torch reads the hooks from it
+                hooks.clear()
+                hooks.update(kept)
         for cls, forward in self.classes.items():
             if cls.__dict__.get("forward", _MISSING) is not forward:
                 if forward is _MISSING:

@@ -23,7 +23,7 @@ is not wrong, but the caller's random stream and the next measure's must not dep
 
 `no_process_exit` turns `os._exit` in the measuring process into an exception while a measure runs. What
 cannot be guarded in-process (a signal sent to the process, `posix._exit` or libc's `_exit` called directly,
-a crash of native code, memory exhausted) is listed in docs/guide/plugins.md.
+a crash of native code, memory exhausted) is listed in docs/guide/bad-input.md ("Plugins, models and caches").
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ def _module_hook(ctx):
     next(iter(ctx.model.modules())).register_forward_hook(lambda m, i, o: o * 2)
 
 
+def _gradient_hook(ctx):
+    next(ctx.model.parameters()).register_hook(lambda g: g * 0)
+
+
 def _global_hook(ctx):
     nn.modules.module.register_module_forward_hook(lambda m, i, o: o * 2 if isinstance(o, torch.Tensor) else o)
 
@@ -71,6 +75,7 @@ def _weights_from_a_thread(ctx):
 
 
 HOSTILE = {"changes the caller's inputs": _scale_input, "registers a module hook": _module_hook,
+           "registers a gradient hook on a weight": _gradient_hook,
            "registers a global forward hook": _global_hook, "patches forward on the instance": _patch_forward,
            "patches forward on the class": _patch_class_forward, "sets the default dtype to half": _half_default,
            "changes the number of threads": _threads, "changes the weights from a thread": _weights_from_a_thread}
