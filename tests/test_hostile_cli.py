@@ -51,10 +51,10 @@ def _plugin(root, name, body):
     return path
 
 
-def _measure(root, plugin, name, timeout=120):
+def _measure(root, plugin, name, timeout=120, workers=()):
     start = time.monotonic()
     result = run_cli("measure", "hostile.yaml", "--plugin", str(plugin), "--measures", f"{name},frobenius_norm",
-                     "measure.timeout_s=2",
+                     "measure.timeout_s=2", "--force", *workers,
                      cwd=root, timeout=timeout)
     return result, time.monotonic() - start
 
@@ -78,11 +78,15 @@ def test_two_loss_files_whose_functions_share_a_name_are_refused(study):
                                cwd=study), "loss_a.py:scaled", "loss_b.py:scaled")
 
 
-def test_a_non_daemon_thread_left_by_a_plugin_does_not_keep_the_command_alive(study):
+WORKERS = pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["alone", "workers"])
+
+
+@WORKERS
+def test_a_non_daemon_thread_left_by_a_plugin_does_not_keep_the_command_alive(study, workers):
     plugin = _plugin(study, "_lingerer", "    def spin():\n        while True:\n            try:\n"
                      "                time.sleep(0.05)\n            except BaseException:\n                pass\n"
                      "    threading.Thread(target=spin, daemon=False).start()\n    return 1.0\n")
-    result, took = _measure(study, plugin, "_lingerer", timeout=90)
+    result, took = _measure(study, plugin, "_lingerer", timeout=90, workers=workers)
     assert result.returncode == 1, result.stderr
     assert "_lingerer" in result.stderr and "thread" in result.stderr
     assert _entries(study)["_lingerer"]["status"] == "error"
@@ -96,12 +100,14 @@ def test_os_exit_in_a_plugin_is_a_failed_entry_never_exit_0(study):
     assert entries["_quitter"]["status"] == "error" and entries["frobenius_norm"]["status"] == "ok"
 
 
-def test_a_plugin_that_swallows_every_exception_past_its_limit_ends_the_command_with_exit_2(study):
+@WORKERS
+def test_a_plugin_that_swallows_every_exception_past_its_limit_ends_the_command_with_exit_2(study, workers):
     plugin = _plugin(study, "_immortal", "    while True:\n        try:\n            time.sleep(0.05)\n"
                      "        except BaseException:\n            pass\n")
-    result, took = _measure(study, plugin, "_immortal", timeout=45)
+    result, took = _measure(study, plugin, "_immortal", timeout=45, workers=workers)
     assert result.returncode == 2 and took < 40, (took, result.stderr)
     assert "_immortal" in result.stderr and "ignored its time limit" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
 
 
 def test_check_measure_limits_a_plugin_that_sleeps(study):
