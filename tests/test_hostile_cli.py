@@ -19,7 +19,8 @@ LOSS = "import torch.nn.functional as F\nSCALE = {scale}\n\ndef scaled(logits, t
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """A one-run study on small blobs, trained and measured with a loss file of one's own."""
+    """A two-run study (two, so that `--workers 2` measures in worker processes) on small blobs, trained and
+    measured with a loss file of one's own."""
     root = tmp_path_factory.mktemp("hostile")
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 120)
@@ -27,7 +28,7 @@ def study(tmp_path_factory):
     np.savez(root / "blobs.npz", x_train=x[:90], y_train=y[:90], x_test=x[90:], y_test=y[90:])
     (root / "loss_a.py").write_text(LOSS.format(scale=1.0))
     config = {"name": "hostile", "seed": 0, "out": "results",
-              "data": {"dataset": "blobs.npz", "random_label_ratio": [0.0]},
+              "data": {"dataset": "blobs.npz", "random_label_ratio": [0.0, 0.5]},
               "model": {"name": "mlp", "widths": [8]},
               "train": {"epochs": 1, "batch_size": 32, "lr": 0.01},
               "measure": {"measures": ["frobenius_norm", "hessian_trace"], "losses": ["ce", "loss_a.py:scaled"],
@@ -40,7 +41,7 @@ def study(tmp_path_factory):
 
 
 def _entries(root):
-    run = next((root / "results" / "hostile" / "runs").iterdir())
+    run = sorted((root / "results" / "hostile" / "runs").iterdir())[0]
     return json.loads((run / "measures.json").read_text())
 
 
