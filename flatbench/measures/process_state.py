@@ -8,8 +8,8 @@ session, compares it afterwards, puts back what changed and names it:
 - torch's settings: the default dtype and device, the number of threads (float32 sums depend on it), grad
   mode, anomaly detection, deterministic algorithms, the float32 matmul precision, cuDNN's flags;
 - torch's global module hooks (`register_module_forward_hook` and its siblings) and nn.Module's call path
-  (`__call__`, `_call_impl`), `torch.nn.functional`'s functions, torch function and dispatch modes left
-  entered;
+  (`__call__`, `_call_impl`), the functions of `torch`, `torch.nn.functional` and `torch.Tensor` (`torch.relu`
+  replaced would change every later ReLU network), torch function and dispatch modes left entered;
 - the process: the working directory, `sys.stdout` / `stderr` / `stdin`, a trace or profile function, the
   recursion limit, and (in the main thread) the handlers of SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM and
   SIGHUP and the blocked-signal mask;
@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -121,16 +122,60 @@ def _attributes(owner: Any, names: tuple[str, ...]) -> tuple[Callable[[], Any], 
     return get, put
 
 
-def _namespace(module: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """Get and put back every name of a module (`torch.nn.functional`: a function replaced by a measure)."""
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _torch_own(value: Any) -> bool:
+    """A function whose code lies in torch's own files: torch replacing one of its functions lazily (importing
+    torch._dynamo wraps `torch.manual_seed`), not a measure's doing."""
+    code = getattr(value, "__code__", None)
+    return code is not None and code.co_filename.startswith(_TORCH_DIR)
+
+
+class _Names(dict):
+    """A namespace's names → objects, equal to another when each name holds the very same object (`==` on the
+    objects themselves may be elementwise, raise, or call the measure's code), or one torch put there itself
+    (`_torch_own`); a name added to a module (not a class) is no change: existing code does not read it."""
+
+    taken = 0
+    """How many snapshots were taken: a snapshot's serial tells the earlier of two (`__eq__`)."""
+
+    def __init__(self, items: Any, added_counts: bool):
+        super().__init__(items)
+        self.added_counts = added_counts
+        _Names.taken += 1
+        self.serial = _Names.taken
+
+    def differ(self, other: dict) -> list[str]:
+        """The names of `other` (a later snapshot) that differ from these."""
+        out = [k for k, v in self.items() if k not in other or other[k] is not v and not _torch_own(other[k])]
+        return out + ([k for k in other if k not in self] if self.added_counts else [])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Names):
+            return False
+        earlier, later = (self, other) if self.serial < other.serial else (other, self)
+        return not earlier.differ(later)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _namespace(owner: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """Get and put back every name of a module or class (`torch.relu`, `F.linear`, `torch.Tensor.relu`: a
+    function replaced by a measure changes every later forward pass). Submodules are left out: torch imports
+    some lazily, on first use, which is no change of a measure's."""
+    added_counts = isinstance(owner, type)
+
     def get() -> Any:
-        return dict(vars(module))
+        return _Names(((k, v) for k, v in vars(owner).items() if not isinstance(v, types.ModuleType)), added_counts)
 
     def put(value: Any) -> None:
-        names = vars(module)
-        for extra in set(names) - set(value):
-            del names[extra]
-        names.update(value)
+        now = get()
+        for key in value.differ(now):
+            if key in value:
+                setattr(owner, key, value[key])
+            else:
+                delattr(owner, key)
     return get, put
 
 
@@ -157,6 +202,8 @@ SETTINGS: list[tuple[str, Callable[[], Any], Callable[[Any], None]]] = [
     ("nn.Module's call", *_attributes(nn.Module, ("__call__", "_call_impl", "_wrapped_call_impl", "__getattr__",
                                                   "__setattr__"))),
     ("torch.nn.functional", *_namespace(F)),
+    ("the torch namespace", *_namespace(torch)),
+    ("torch.Tensor's methods", *_namespace(torch.Tensor)),
     ("the working directory", os.getcwd, os.chdir),
     ("sys.stdin, sys.stdout or sys.stderr", _std_streams, _set_std_streams),
     ("the trace function (sys.settrace)", sys.gettrace, sys.settrace),

@@ -55,6 +55,14 @@ def _patch_class_forward(ctx):
     nn.Linear.forward = lambda self, x: nn.functional.linear(x, self.weight * 3, self.bias)
 
 
+def _patch_torch_function(ctx):
+    torch.relu = lambda x: x  # F.relu calls torch.relu: every later ReLU network would be linear
+
+
+def _patch_tensor_method(ctx):
+    torch.Tensor.relu = lambda self: self
+
+
 def _half_default(ctx):
     torch.set_default_dtype(torch.float16)
 
@@ -77,7 +85,8 @@ def _weights_from_a_thread(ctx):
 HOSTILE = {"changes the caller's inputs": _scale_input, "registers a module hook": _module_hook,
            "registers a gradient hook on a weight": _gradient_hook,
            "registers a global forward hook": _global_hook, "patches forward on the instance": _patch_forward,
-           "patches forward on the class": _patch_class_forward, "sets the default dtype to half": _half_default,
+           "patches forward on the class": _patch_class_forward,
+           "replaces torch.relu": _patch_torch_function, "replaces Tensor.relu": _patch_tensor_method, "sets the default dtype to half": _half_default,
            "changes the number of threads": _threads, "changes the weights from a thread": _weights_from_a_thread}
 """What a plugin must not do (each an error entry, put back). Ignoring SIGALRM is put back by the time limit
 itself, silently: see test_a_plugin_that_ignores_sigalrm_still_times_out_and_the_alarm_works_for_the_next."""
@@ -119,6 +128,7 @@ def _check_put_back(actions):
         assert torch.equal(x, x0) and torch.get_num_threads() == threads and torch.get_default_dtype() == dtype
         assert not nn.modules.module._global_forward_hooks
         assert nn.Linear.__dict__["forward"].__module__ == "torch.nn.modules.linear"
+        assert not isinstance(torch.relu, type(lambda: 0)) and "relu" not in vars(torch.Tensor)
         assert signal.getsignal(signal.SIGALRM) is not signal.SIG_IGN
     finally:
         specs.REGISTERED.clear()
