@@ -1,7 +1,7 @@
 """The `flatbench` command line: run | train | measure | report | audit | status | list-measures.
 
 The commands only parse options and call the stages (`flatbench.study`: train, measure, report, audit,
-status, cluster); they import those (and torch) only when they run, so `flatbench --help` is instant.
+status, cluster); each command imports those (and torch) only when it runs, so `flatbench --help` is instant.
 
 Errors the user can fix (`FlatbenchError`, and file-system errors such as an unwritable `--out`) are
 printed as one line on stderr with exit code 2; nothing that already finished is touched. `measure`,
@@ -9,15 +9,14 @@ printed as one line on stderr with exit code 2; nothing that already finished is
 entry failed (each listed on stderr in one line: model, entry, reason) or runs asked to be measured are not
 trained yet (named in one line; `run` leaves out runs another live process is training); `--executor`
 tasks fail the same way, and `--wait` exits with the same codes (docs/guide/bad-input.md). A preempted
-training (SIGTERM/SIGUSR1/SIGUSR2) exits with 143 after its last checkpoint, ready to be resumed by the
-same command; Ctrl-C exits with 130 the same way.
+training (SIGTERM/SIGUSR1/SIGUSR2) exits with 143 after its last checkpoint, Ctrl-C with 130; the same
+command resumes either.
 
-On a cluster: `--shard I/N` runs one of N disjoint slices of the sweep (for a hand-written
-`sbatch --array`, see scripts/slurm_array.sh); `--executor slurm` submits the sweep as one Slurm job array
-through submitit and returns at once (`--executor local`: the same through local processes);
-`flatbench status EXPERIMENT` shows how far it is. `flatbench run CONFIG --executor ...` submits tasks that
-train and then measure their runs; it prints the `flatbench report` command to run once they are done
-(`--wait`: it waits and writes the report itself).
+On a cluster: `--shard I/N` runs one of N disjoint slices of the sweep (scripts/slurm_array.sh);
+`--executor slurm` submits the sweep as one Slurm job array through submitit and returns at once
+(`--executor local`: local processes); `flatbench status EXPERIMENT` shows how far it is. `flatbench run
+CONFIG --executor ...` submits tasks that train and then measure their runs (`--wait`: it waits and writes
+the report itself).
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ CLUSTER_OPTIONS = [
                  help="Runs per array task (with train.vectorize, the group size keeps each group in one task)."),
     click.option("--wait", is_flag=True, help="With --executor: wait until every task has ended."),
 ]
+_echo: Callable[[str], None] = click.echo
 CLUSTER_KEYS = ("partition", "gpus_per_task", "cpus_per_task", "mem_gb", "time_min", "array_parallelism",
                 "runs_per_task")
 
@@ -77,10 +77,6 @@ def study_options(*extra: Callable, shard: bool = True, cluster: bool = True) ->
             f = option(f)
         return f
     return decorate
-
-
-def _echo(msg: str) -> None:
-    click.echo(msg)
 
 
 def _with_workers(overrides: tuple[str, ...], workers: int | None) -> tuple[str, ...]:
@@ -115,7 +111,6 @@ def _submit(study: Any, stage: str, kw: dict, device: str, shard: str | None = N
     """The --executor branch shared by run, train and measure. Returns what the tasks left undone without
     bad input (failed entries, runs not trained), one line each, for an exit 1 after the report; damage or a
     task that failed otherwise raises (exit 2)."""
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.cluster import ClusterOptions, submit_and_report
     from flatbench.study.spec import parse_shard
 
@@ -136,7 +131,6 @@ def run(config: str, overrides: tuple[str, ...], out: str | None, device: str, q
     and prints the `flatbench report` command for when `flatbench status` shows every run finished and
     measured (with --wait it waits and writes the report itself).
     """
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.measure import measure_study
     from flatbench.study.report import report_study
     from flatbench.study.spec import check_study, study_from_target, with_plugins
@@ -169,7 +163,6 @@ def train(config: str, overrides: tuple[str, ...], out: str | None, device: str,
     Runs that differ only in seed and random labels train several at once on a GPU (train.vectorize).
     With --executor the runs are submitted as a job array instead (see `flatbench status`).
     """
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.spec import check_study, parse_shard, study_from_target
     from flatbench.study.train import train_study
     from flatbench.training import resolve_device
@@ -193,7 +186,6 @@ def measure(target: str, overrides: tuple[str, ...], out: str | None, device: st
             workers: int | None, shard: str | None, measures: str | None, plugins: tuple[str, ...], force: bool,
             **kw: Any) -> None:
     """Compute measures on the trained runs of TARGET (an experiment folder or a config)."""
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.measure import measure_study
     from flatbench.study.spec import check_study, parse_shard, study_from_target, with_plugins
     from flatbench.training import resolve_device
@@ -231,7 +223,6 @@ def report(experiments: tuple[str, ...], out_dir: str | None, gap: str | None, m
     from flatbench.study.report import report_study  # lazy: `flatbench --help` must not import torch
 
     _load_plugins(plugins, experiments)
-
     report_study([Path(e) for e in experiments], out_dir=Path(out_dir) if out_dir else None, gap=gap,
                  min_train_acc=min_train_acc, include_stale=include_stale, echo=_echo, quiet=quiet, seed=seed)
 
@@ -281,7 +272,6 @@ def audit(target: str, families: str, trials: int, measures: str | None, populat
           workers: int | None, device: str, plugins: tuple[str, ...]) -> None:
     """Check the measures under function-preserving transformations: TARGET is a run folder, or an
     experiment folder with --population."""
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.study.audit import audit_run
     from flatbench.study.population import audit_population, parse_max_factors
     from flatbench.store import RUN_JSON
@@ -332,7 +322,6 @@ def status(experiment: str, as_json: bool) -> None:
 
 def _load_plugins(plugins: tuple[str, ...], experiments: tuple[str, ...] = ()) -> None:
     """Load --plugin and the `measure.plugins` of the experiments' saved studies."""
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.measures.registry import load_plugins
     from flatbench.store import STUDY_FILE
     from flatbench.study.spec import read_saved_study
@@ -386,12 +375,14 @@ def describe(name: str, plugins: tuple[str, ...], markdown: bool) -> None:
 @click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into --factory's model.")
 @click.option("--n-examples", type=click.IntRange(min=1), default=64, show_default=True,
               help="Training examples --factory's model is measured on.")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True, max=7 * 24 * 3600), default=3600.0,
+              show_default=True, help="Seconds one call of the measure may take (as measure.timeout_s).")
 def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, families: str | None,
-                  factory: str | None, dataset: str | None, checkpoint: str | None, n_examples: int) -> None:
+                  factory: str | None, dataset: str | None, checkpoint: str | None, n_examples: int,
+                  timeout_s: float) -> None:
     """Check NAME's declared invariances on the catalogue of small trained models (or on --factory's model),
     rescaled with large random factors by every family; show which undeclared ones break it; check that it
     is finite and deterministic (or reports its standard error). Exit code 1 when a check fails."""
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
     from flatbench.measures import contract
     from flatbench.measures.registry import get_measure
     from flatbench.rescale import FAMILIES
@@ -409,7 +400,7 @@ def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, famili
     click.echo(f"checking {spec.name} ({spec.origin if spec.origin != 'builtin' else 'built-in'}; declared "
                f"invariant to: {', '.join(sorted(spec.invariant_to)) or 'none'}) on {len(chosen_cases)} trained "
                "models, factors log-uniform in [1/10, 10]")
-    report = contract.check_measure(spec.name, cases=chosen_cases, families=chosen_families)
+    report = contract.check_measure(spec.name, cases=chosen_cases, families=chosen_families, timeout_s=timeout_s)
     for line in contract.format_report(report):
         click.echo(line)
     if report.problems:
@@ -484,13 +475,10 @@ def measure_model(factory: str, dataset: str, checkpoint: str | None, n_examples
                   hvp_mode: str, device: str, plugins: tuple[str, ...]) -> None:
     """Measure a model of one's own: FACTORY is file.py:function or pkg.module:function (called with
     input_shape and num_classes where it takes them), with --checkpoint weights, on --data."""
-    # lazy: the stages load torch; `flatbench --help` must not (so each command imports what it uses)
-    from flatbench.api import measure_model as run_measure_model
+    from flatbench.api import measure_model as run_measure_model, settings_from_overrides
     from flatbench.measures.runner import FAILED, format_value
     from flatbench.study.spec import check_output_dir
     from flatbench.training import resolve_device
-
-    from flatbench.api import settings_from_overrides
 
     out = check_output_dir(out_dir, "output folder") if out_dir else None
     names = _names(measures)
@@ -573,7 +561,19 @@ def _exit_failed(n: int, untrained: list[str] | tuple = ()) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: click, with user errors turned into one line and exit code 2."""
+    """Entry point (`_main`) in a process flatbench owns (`measures.watchdog`: a hostile measure can end it)."""
+    from flatbench.measures.watchdog import end_if_threads_left, owned_process  # lazy, and without torch
+
+    try:
+        with owned_process():
+            _main(argv)
+    except SystemExit as exc:
+        end_if_threads_left(exc.code)
+        raise
+
+
+def _main(argv: list[str] | None) -> None:
+    """Click, with user errors turned into one line and exit code 2."""
     silence_library_noise()
     try:
         cli.main(args=argv, prog_name="flatbench", standalone_mode=False)

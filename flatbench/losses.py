@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.func import hessian, vmap
 
 from flatbench.errors import FlatbenchError
-from flatbench.userspec import is_factory_spec, load_object
+from flatbench.userspec import current_sha256, is_factory_spec, load_object, spec_file
 
 _NORM_EPS = 1e-12
 
@@ -109,6 +109,18 @@ class LogitLoss:
 
 
 BUILTIN_LOSSES = ("ce", "normalized_ce", "mse")
+
+
+def loss_source(name: str | None) -> dict[str, str] | None:
+    """What a result computed with a loss of one's own (`file.py:function`, `pkg.module:function`) records
+    of it: the file its code lies in, with the function (`source`), and that file's sha256 now, so that an
+    edited loss file makes its results stale (`measures.stale`, `runner.todo_entries`); None for a built-in
+    loss (or a function given directly, which no stored result is kept for)."""
+    if not isinstance(name, str) or name in BUILTIN_LOSSES or not is_factory_spec(name):
+        return None
+    path = spec_file(name)
+    sha = current_sha256(path) if path is not None else None
+    return {"source": f"{path or name.rpartition(':')[0]}:{name.rpartition(':')[2]}", "sha256": sha or "unknown"}
 
 
 def check_loss_name(name: str) -> None:

@@ -28,6 +28,37 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def spec_file(text: str) -> Path | None:
+    """The file whose code a `file.py:function` or `pkg.module:function` spec names (absolute), or None
+    where it cannot be told (a module that cannot be found, a built-in module)."""
+    where = str(text).rpartition(":")[0]
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where).expanduser()
+        return path.resolve() if path.is_file() else None
+    try:
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(found, "origin", None)
+    return Path(origin).resolve() if origin and origin.endswith(".py") and Path(origin).is_file() else None
+
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def current_sha256(path: str | Path) -> str | None:
+    """The sha256 of a file as it is now (None where it cannot be read), hashed again only when its size or
+    modification time moved."""
+    try:
+        st = Path(path).stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        if key not in _HASHES:
+            _HASHES[key] = file_sha256(path)
+        return _HASHES[key]
+    except OSError:
+        return None
+
+
 def import_file(path: str | Path, what: str = "file") -> Any:
     """Import a Python file as a module (once per path and content)."""
     path = Path(path).expanduser()

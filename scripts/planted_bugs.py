@@ -3,6 +3,7 @@
     python scripts/planted_bugs.py                  # both rounds: one line per bug, caught or MISSED
     python scripts/planted_bugs.py --round 30       # issue 30's round only (scripts/planted_bugs_round30.txt)
     python scripts/planted_bugs.py --round 30 --only isolation   # the bugs whose name holds a word
+    python scripts/planted_bugs.py --round 30 --only 'state:'    # issue 44 A: also zeros:, limits:, hang:, stale loss:
 
 Round 21 (issue 21's "bugs the suite does not catch") plants each bug by monkeypatching inside the pytest
 process (a plugin module written to a temporary folder). Round 30 (issue 30: the code that moved:
@@ -185,6 +186,55 @@ SOURCE_BUGS += [  # issue 41: no derivative mode trusted unchecked
      "return float(torch.finfo(dtype).eps) ** 0.5", "return 1.0", CURV),
     ("fisher-rao: the forward mode used without its check", "flatbench/measures/builtin/fisher_rao.py",
      "        if check.passed:\n", "        if True:\n", ["tests/curvature/test_hvp_modes.py", "tests/test_api.py"]),
+]
+
+HOSTILE = ["tests/measures/test_hostile_plugins.py"]
+HOSTILE_CLI = ["tests/test_hostile_cli.py", "-k"]
+SOURCE_BUGS += [  # issue 44 part A: nothing silently wrong (plugins, models and caches)
+    ("state: the caller's inputs and the process are not compared", "flatbench/measures/isolation.py",
+     "    outside = state.restore() + kept.restore()", "    outside = []", HOSTILE),
+    ("state: module hooks and a patched forward are not compared", "flatbench/measures/isolation.py",
+     "        attrs = self._attr_changes() if self.attrs else []", "        attrs = []", HOSTILE),
+    ("state: the number of threads is not restored", "flatbench/measures/process_state.py",
+     '    ("torch\'s number of threads", torch.get_num_threads, torch.set_num_threads),\n', "", HOSTILE),
+    ("state: global module hooks are not guarded", "flatbench/measures/process_state.py",
+     'for name in sorted(n for n in vars(torch_module) if n.startswith("_global_"))',
+     'for name in sorted(n for n in vars(torch_module) if n.startswith("_no_such_"))', HOSTILE),
+    ("state: torch's own functions are not guarded", "flatbench/measures/process_state.py",
+     '    ("the torch namespace", *_namespace(torch)),\n', "", HOSTILE),
+    ("state: check-measure passes a measure that changed the model", "flatbench/measures/contract.py",
+     "    if change or isinstance(exc, OutsideChange):", "    if False:", [*HOSTILE, "-k", "check_measure"]),
+    ("zeros: a forward pass without a graph gives curvature 0", "flatbench/curvature/common.py",
+     "    if not value.requires_grad and (model is None", "    if False and (model is None", HOSTILE),
+    ("zeros: path_norm takes a constant scale as it is", "flatbench/measures/builtin/norms.py",
+     "                args = (args[0], c * c, *args[2:])", "                args = (args[0], c, *args[2:])", HOSTILE),
+    ("limits: no watchdog (an ignored SIGALRM escapes the limit)", "flatbench/measures/isolation.py",
+     "        self.token = WATCHDOG.arm(seconds, MeasureTimeout, self.label)", "        self.token = 0",
+     [*HOSTILE, "-k", "sigalrm"]),
+    ("limits: a swallowed time-out counts as a result", "flatbench/measures/isolation.py",
+     "        if fired or (kind is not None and issubclass(kind, MeasureTimeout)):",
+     "        if kind is not None and issubclass(kind, MeasureTimeout):", [*HOSTILE, "-k", "swallows"]),
+    ("limits: os._exit in a plugin ends the process with exit 0", "flatbench/measures/isolation.py",
+     "        with no_process_exit(state.threads):\n            result = fn()", "        if True:\n            result = fn()",
+     [*HOSTILE_CLI, "os_exit"]),
+    ("limits: a non-daemon plugin thread keeps the command alive", "flatbench/cli.py",
+     "        end_if_threads_left(exc.code)", "        pass", [*HOSTILE_CLI, "non_daemon"]),
+    ("limits: a process is never ended past the hard deadline", "flatbench/measures/watchdog.py",
+     "        if now >= arm.hard and self.owned:", "        if False:", [*HOSTILE_CLI, "swallows"]),
+    ("limits: a worker process keeps a plugin's non-daemon thread", "flatbench/study/workers.py",
+     "    mp_util.Finalize(None, end_if_threads_left, args=(0,), exitpriority=100)", "    pass",
+     [*HOSTILE_CLI, "non_daemon and workers"]),
+    ("limits: a worker ended past its hard deadline is a traceback", "flatbench/study/workers.py",
+     "    except BrokenProcessPool:", "    except ZeroDivisionError:", [*HOSTILE_CLI, "swallows and workers"]),
+    ("hang: check-measure without a time limit", "flatbench/measures/contract.py",
+     "        first = run_measure(spec, ctx, settings, timeout_s)", "        first = run_measure(spec, ctx, settings)",
+     [*HOSTILE, "-k", "check_measure"]),
+    ("stale loss: an edited loss file's entries are kept", "flatbench/measures/runner.py",
+     "            or not same_loss(results.get(key, {}), loss)]", "            ]", [*HOSTILE_CLI, "edited_loss"]),
+    ("stale loss: status does not see an edited loss file", "flatbench/measures/stale.py",
+     '        if now is not None and now != loss.get("sha256"):', "        if False:", [*HOSTILE_CLI, "edited_loss"]),
+    ("stale loss: two loss files of one function name share entries", "flatbench/study/spec.py",
+     "    if clash:", "    if False:", [*HOSTILE_CLI, "share_a_name"]),
 ]
 
 COPY_IGNORE = shutil.ignore_patterns(".git", "results", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",

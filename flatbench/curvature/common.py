@@ -46,6 +46,24 @@ def rademacher(like: dict[str, Tensor], generator: torch.Generator) -> dict[str,
     return out
 
 
+class NoGradientGraph(RuntimeError):
+    """The loss (or the model's output) does not depend on the parameters through autograd: its derivatives
+    cannot be computed, and are never reported as 0."""
+
+
+NO_GRAPH = ("the model's forward pass does not depend on its parameters through autograd (runs under "
+            "torch.no_grad()? detaches its output?): its derivatives cannot be computed, and are not 0")
+
+
+def require_graph(value: Tensor, model: nn.Module | None = None) -> Tensor:
+    """`value`, a loss or a model output computed from parameters that require grad (`model`'s, where
+    given; else the caller's leaves), unless autograd holds no graph from them to it: `NoGradientGraph`
+    then, where backward passes would find no graph or, through hooks, silently give zeros."""
+    if not value.requires_grad and (model is None or any(p.requires_grad for p in model.parameters())):
+        raise NoGradientGraph(NO_GRAPH)
+    return value
+
+
 class GradMode:
     """Enable autograd and make every parameter require grad for the duration (measures may run under
     `torch.no_grad()` or on frozen models); restores both afterwards."""

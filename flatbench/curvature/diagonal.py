@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flatbench.curvature.applicability import PARAM_LEAVES
-from flatbench.curvature.common import GradMode, chunks
+from flatbench.curvature.common import GradMode, chunks, require_graph
 
 # ---------------------------------------------------------------- results
 
@@ -365,7 +365,7 @@ def _conv_stacked(r: _Record, rows: Tensor, signs: Tensor | None, acc: _Accumula
 def _exact_chunk(model: nn.Module, x: Tensor, y: Tensor, loss: Any, acc: _Accumulator) -> None:
     """Add Σ_{n in chunk} diag(J_nᵀ ∇²ℓ_n J_n) to acc.diag (not yet divided by n)."""
     acc.records = []
-    logits = model(x)
+    logits = require_graph(model(x), model)
     counts: dict[int, int] = {}
     for r in acc.records:
         counts[id(r.module)] = counts.get(id(r.module), 0) + 1

@@ -18,6 +18,7 @@ from flatbench.curvature.common import (
     flatten,
     loss_fn,
     detached_params,
+    require_graph,
     unflatten,
 )
 from flatbench.curvature.modes import (
@@ -134,7 +135,7 @@ def product_in_mode(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Cal
                 hv = jvp(grad(fn), (params,), (v,))[1]
             else:
                 leaves = {k: p.detach().requires_grad_(True) for k, p in params.items()}
-                grads = torch.autograd.grad(fn(leaves), list(leaves.values()), create_graph=True,
+                grads = torch.autograd.grad(require_graph(fn(leaves)), list(leaves.values()), create_graph=True,
                                             allow_unused=True, materialize_grads=True)
                 dot = sum((g * v[k]).sum() for g, k in zip(grads, leaves))
                 hv = dict(zip(leaves, torch.autograd.grad(dot, list(leaves.values()), allow_unused=True,
@@ -165,8 +166,8 @@ def dense_diagonal(model: nn.Module, inputs: Tensor, targets: Tensor, loss: Call
         for x, y in chunks(inputs, targets, chunk_size):
             leaves = {k: p.detach().requires_grad_(True) for k, p in params.items()}
             fn = loss_fn(model, buffers, x, y, loss, x.shape[0] / n)
-            grads = torch.autograd.grad(fn(leaves), list(leaves.values()), create_graph=True, allow_unused=True,
-                                        materialize_grads=True)
+            grads = torch.autograd.grad(require_graph(fn(leaves)), list(leaves.values()), create_graph=True,
+                                        allow_unused=True, materialize_grads=True)
             g = flatten(dict(zip(leaves, grads)), list(leaves))
             if g.requires_grad:
                 diag += _rows_diagonal(g, list(leaves.values()))

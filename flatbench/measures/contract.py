@@ -32,6 +32,8 @@ from flatbench import rescale
 from flatbench.config import DataConfig
 from flatbench.data import load_dataset
 from flatbench.measures.context import MeasureContext
+from flatbench.measures.isolation import guarded_call, known_code, measurement_data, time_limit
+from flatbench.measures.process_state import OutsideChange
 from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, as_output, get_measure
 from flatbench.models import MLP, LeNet5, WideResNet
 
@@ -224,23 +226,29 @@ def shared_context(name: str, family: str | None, factors: str = "invariance") -
     return context(name, transformed(name, family, factors))
 
 
-Result = MeasureOutput | NotApplicable | Exception
+Result = MeasureOutput | NotApplicable | BaseException
 
 
-def run_measure(spec: MeasureSpec, ctx: MeasureContext, settings: dict[str, Any] | None = None) -> Result:
+def run_measure(spec: MeasureSpec, ctx: MeasureContext, settings: dict[str, Any] | None = None,
+                timeout_s: float | None = None) -> Result:
     """The measure on a context with its defaults updated by `settings`: its output, NotApplicable, or the
-    exception it raised."""
+    exception it raised. It runs as the measure stage runs it: under `isolation.guarded_call` (a change of
+    the model, the measurement set or the process is put back and returned as an `OutsideChange`, and the
+    context's cache dropped) and `isolation.time_limit(timeout_s)` (a `MeasureTimeout`)."""
     merged = {**spec.settings(), **{k: v for k, v in (settings or {}).items() if k in spec.defaults}}
-    try:
-        out = spec.fn(ctx.for_measure(spec.name, merged, loss_name="ce"))
-    except NotApplicable as exc:
-        return exc
-    except Exception as exc:  # noqa: BLE001 - reported by the caller with the case and family
-        return exc
-    try:
-        return as_output(out, spec.base_name)
-    except TypeError as exc:
-        return exc
+    sub = ctx.for_measure(spec.name, merged, loss_name="ce")
+
+    def call() -> MeasureOutput:
+        with time_limit(timeout_s, spec.name):
+            return as_output(spec.fn(sub), spec.base_name)
+
+    known = spec.origin == "builtin" and known_code(ctx.model)
+    out, exc, change = guarded_call(ctx.model, call, bitwise=not known, data=measurement_data(ctx))
+    if change or isinstance(exc, OutsideChange):
+        ctx.cache.clear()
+        return OutsideChange("; ".join(([f"changed the model ({change})"] if change else [])
+                                       + ([str(exc)] if isinstance(exc, OutsideChange) else [])))
+    return exc if exc is not None else out
 
 
 def headline(out: Result, spec: MeasureSpec) -> float:
@@ -302,9 +310,10 @@ class CheckReport:
 
 def check_measure(name: str, *, cases: tuple[str | Case, ...] | list[str | Case] = CASES,
                   families: tuple[str, ...] | list[str] = rescale.FAMILIES,
-                  settings: dict[str, Any] | None = None) -> CheckReport:
+                  settings: dict[str, Any] | None = None, timeout_s: float | None = None) -> CheckReport:
     """Apply the contract to one registered measure on the catalogue (see the module docstring); a case may
-    also be a model of one's own (`own_case`), rescaled by every family that applies to it."""
+    also be a model of one's own (`own_case`), rescaled by every family that applies to it. Each call of the
+    measure runs guarded and limited to `timeout_s` (`run_measure`)."""
     spec = get_measure(name)
     rows: list[CheckRow] = []
     problems: list[str] = []
@@ -313,19 +322,19 @@ def check_measure(name: str, *, cases: tuple[str | Case, ...] | list[str | Case]
     for which in cases:
         cname = which if isinstance(which, str) else which.name
         ctx = context(which)  # a fresh cache: the measure's own work, not another's
-        first = run_measure(spec, ctx, settings)
+        first = run_measure(spec, ctx, settings, timeout_s)
         if isinstance(first, NotApplicable):
             rows.append(CheckRow(cname, "-", False, math.nan, math.nan, math.nan, math.nan, "not applicable",
                                  str(first)))
             continue
-        if isinstance(first, Exception) or spec.base_name not in first.values and spec.name not in first.values:
-            what = f"{type(first).__name__}: {first}" if isinstance(first, Exception) else "no headline value"
+        if isinstance(first, BaseException) or spec.base_name not in first.values and spec.name not in first.values:
+            what = f"{type(first).__name__}: {first}" if isinstance(first, BaseException) else "no headline value"
             rows.append(CheckRow(cname, "-", False, math.nan, math.nan, math.nan, math.nan, "error", what))
             problems.append(f"{cname}: {what}")
             continue
         applies_somewhere = True
         v0 = headline(first, spec)
-        second = run_measure(spec, context(which), settings)
+        second = run_measure(spec, context(which), settings, timeout_s)
         v_again = headline(second, spec) if isinstance(second, MeasureOutput) else math.nan
         note, verdict = "finite, deterministic", "ok"
         if not math.isfinite(v0):
@@ -347,8 +356,8 @@ def check_measure(name: str, *, cases: tuple[str | Case, ...] | list[str | Case]
                 continue
             declared = family in spec.invariant_to and not spec.base
             model = transformed(cname, family) if isinstance(which, str) else transformed_case(which, family)
-            after = run_measure(spec, context(which, model), settings)
-            if isinstance(after, Exception):
+            after = run_measure(spec, context(which, model), settings, timeout_s)
+            if isinstance(after, BaseException):
                 rows.append(CheckRow(cname, family, declared, v0, math.nan, math.nan, math.nan, "error",
                                      f"{type(after).__name__}: {after}"))
                 if declared:

@@ -33,6 +33,18 @@ def loss_tag(loss: str) -> str:
     return loss.rsplit(":", 1)[-1] if ":" in loss else loss
 
 
+def loss_tag_clash(losses: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """Two different losses that would share entry keys (`loss_tag`: two functions of one's own of one name
+    in different files or modules), or None."""
+    seen: dict[str, str] = {}
+    for loss in losses:
+        tag = loss_tag(loss)
+        if tag in seen and seen[tag] != loss:
+            return seen[tag], loss
+        seen.setdefault(tag, loss)
+    return None
+
+
 def entry_key(name: str, loss: str | None) -> str:
     """measures.json entry key of a measure (or variant) computed with a loss: `@loss` unless it is `ce`."""
     return name if loss in (None, "ce") else f"{name}@{loss_tag(loss)}"

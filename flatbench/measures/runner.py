@@ -37,9 +37,10 @@ from flatbench.config import MeasureConfig, RunConfig, run_config_from_dict
 from flatbench.curvature import hvp_log, hvp_mode_of, use_hvp_mode
 from flatbench.data import load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError, did_you_mean
-from flatbench.losses import BUILTIN_LOSSES
+from flatbench.losses import BUILTIN_LOSSES, loss_source
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.isolation import MeasureTimeout, guarded_call, known_code, time_limit
+from flatbench.measures.isolation import MeasureTimeout, guarded_call, known_code, measurement_data, time_limit
+from flatbench.measures.process_state import OutsideChange, ProcessExitRefused
 from flatbench.measures.keys import entry_keys, value_key
 from flatbench.measures.registry import (
     MeasureOutput,
@@ -228,20 +229,23 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
                               "larger_is_sharper": spec.larger_is_sharper}
     if plugin_record(spec) is not None:
         record["plugin"] = plugin_record(spec)
+    if loss_source(loss) is not None:
+        record["loss_source"] = loss_source(loss)  # an edited loss file makes the entry stale
     start = time.perf_counter()
 
     products = None
 
     def call() -> Any:
         nonlocal products
-        with time_limit(timeout_s), hvp_log() as products:
+        with time_limit(timeout_s, spec.name), hvp_log() as products:
             return as_output(spec.fn(sub), spec.base_name)
 
     known = spec.origin == "builtin" and _builtin_loss(sub) and known_code(ctx.model)
-    out, exc, change = guarded_call(ctx.model, call, bitwise=not known)
-    if change:
-        ctx.cache.clear()  # anything cached during the measure may be of the changed model
-        record.update(status="error", error=f"changed the model ({change})")
+    out, exc, change = guarded_call(ctx.model, call, bitwise=not known, data=measurement_data(ctx))
+    if change or isinstance(exc, OutsideChange):
+        ctx.cache.clear()  # anything cached during the measure may be of the changed model, data or process
+        record.update(status="error", error="; ".join(([f"changed the model ({change})"] if change else [])
+                                                      + ([str(exc)] if isinstance(exc, OutsideChange) else [])))
     elif isinstance(exc, FlatbenchError):
         raise exc
     elif isinstance(exc, NotApplicable):
@@ -268,7 +272,7 @@ def _builtin_loss(ctx: MeasureContext) -> bool:
 
 def _error_text(exc: BaseException) -> dict[str, Any]:
     """An error entry's message (and where the measure raised it, for an exception of its own code)."""
-    if isinstance(exc, MeasureTimeout):
+    if isinstance(exc, (MeasureTimeout, ProcessExitRefused)):
         return {"error": str(exc)}
     if isinstance(exc, SystemExit):
         return {"error": f"SystemExit({exc.code!r}): the measure tried to end the process"}
@@ -341,7 +345,16 @@ def todo_entries(results: dict[str, Any], measures: tuple[PlannedMeasure, ...], 
     """The (spec, loss, key) entries of `measures` that `results` (a target's measures.json) lacks or holds
     for other settings, another measurement set, another model file or another plugin source."""
     return [(m.spec, loss, key) for m in measures for loss, key in m.keys
-            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)]
+            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)
+            or not same_loss(results.get(key, {}), loss)]
+
+
+def same_loss(record: dict[str, Any], loss: str | None) -> bool:
+    """Whether a stored entry was computed with the loss `loss` as it is now: a loss of one's own by its file's
+    sha256 (`losses.loss_source`; not by its name, which two files may share, nor by where the file lies)."""
+    now = loss_source(loss)
+    stored = record.get("loss_source")
+    return now is None or isinstance(stored, dict) and stored.get("sha256") == now["sha256"]
 
 
 def pending_entries(target: Target | Path, names: list[str], cfg: MeasureConfig, force: bool = False, *,

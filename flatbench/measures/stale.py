@@ -1,4 +1,5 @@
-"""Stale plugin entries: a result of a plugin measure whose plugin source changed since it was computed.
+"""Stale entries: a result of a plugin measure whose plugin source changed since it was computed, or a result
+computed with a loss file (`loss: file.py:function`) that changed since (`losses.loss_source`).
 
 Every entry of a plugin measure records its plugin's source and sha256 (`runner.plugin_record`). The measure
 stage recomputes an entry whose hash is not the loaded plugin's (`runner.up_to_date`); `flatbench status`
@@ -19,6 +20,7 @@ from typing import Any
 from flatbench.errors import FlatbenchError
 from flatbench.measures.keys import parse_key
 from flatbench.measures.registry import get_measure
+from flatbench.userspec import current_sha256
 
 
 def _file_sha256(source: Any) -> str | None:
@@ -44,8 +46,17 @@ def current_plugin_hash(name: str, source: Any) -> str | None:
 
 
 def stale_reason(key: str, entry: Any) -> str | None:
-    """Why a measures.json entry is stale (its plugin's source changed since it was computed), else None."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("plugin"), dict):
+    """Why a measures.json entry is stale (its plugin's source, or its loss file, changed since it was
+    computed), else None."""
+    if not isinstance(entry, dict):
+        return None
+    loss = entry.get("loss_source")
+    if isinstance(loss, dict) and isinstance(loss.get("source"), str):
+        now = current_sha256(loss["source"].rpartition(":")[0])
+        if now is not None and now != loss.get("sha256"):
+            return (f"computed with loss {loss['source']} at sha256 {str(loss.get('sha256'))[:12]}, which is now "
+                    f"{now[:12]}")
+    if not isinstance(entry.get("plugin"), dict):
         return None
     record = entry["plugin"]
     stored = record.get("sha256")

@@ -21,6 +21,7 @@ from flatbench.config import Study, apply_overrides, load_study, parse_study
 from flatbench.data import check_dataset_name, dataset_root, load_raw
 from flatbench.errors import ConfigError, FlatbenchError
 from flatbench.losses import check_loss_name
+from flatbench.measures.keys import loss_tag, loss_tag_clash
 from flatbench.measures.plugins import is_file_spec
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
 from flatbench.measures.runner import check_settings
@@ -122,6 +123,11 @@ def check_study(study: Study, measures: list[str] | None = None) -> list[str]:
                               f"'{run.model.name}' is built in (its settings are model.widths, model.depth, ...)")
     for loss in study.measure.losses:
         check_loss_name(loss)
+    clash = loss_tag_clash(study.measure.losses)
+    if clash:
+        raise ConfigError(f"measure.losses: {clash[0]} and {clash[1]} would share their results' keys "
+                          f"(@{loss_tag(clash[0])}: a loss of one's own is keyed by its function's name); rename "
+                          "one of the functions")
     _check_measurement_size(study)
     _check_setting_types(study.measure.settings)
     load_plugins(study.measure.plugins)  # the registry's checks last: what is read of the study is read above

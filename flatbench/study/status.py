@@ -146,8 +146,8 @@ def format_status(status: dict[str, Any]) -> str:
                 lines.append(f"  {rid}: {r.get('detail') or 'see its run.json'}")
     if status.get("stale_entries"):
         first = next((rid, r["stale_entries"]) for rid, r in status["runs"].items() if r.get("stale_entries"))
-        lines.append(f"stale: {status['stale_entries']} measure entries of an edited plugin (e.g. {first[0]} "
-                     f"{first[1][0]}): left out of the report; `flatbench measure` recomputes them")
+        lines.append(f"stale: {status['stale_entries']} measure entries of an edited plugin or loss file (e.g. "
+                     f"{first[0]} {first[1][0]}): left out of the report; `flatbench measure` recomputes them")
     for problem in status.get("damaged_files", []):
         lines.append(f"damaged: {problem} (`flatbench measure` keeps its readable entries and recomputes the rest)")
     if status.get("stale"):

@@ -24,16 +24,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import util as mp_util
 from typing import Any
 
 import torch
 
-from flatbench.errors import silence_library_noise
+from flatbench.errors import FlatbenchError, silence_library_noise
+from flatbench.measures.watchdog import end_if_threads_left, own_process
 from flatbench.training.signals import STOP_SIGNALS, StopFlag, hold_stop_signals
 
 
 def _init_worker(threads: int, parent: int, hold_signals: bool = False) -> None:
     die_with_parent(parent)
+    own_process()  # a measure past its hard time limit ends this worker (the parent reports the task)
+    # a non-daemon thread a measure left would keep this worker, and the pool's shutdown, waiting forever:
+    # ended as the worker exits, before multiprocessing joins the threads (`watchdog.end_if_threads_left`)
+    mp_util.Finalize(None, end_if_threads_left, args=(0,), exitpriority=100)
     if hold_signals:
         hold_stop_signals()
     torch.set_num_threads(max(1, threads))
@@ -105,6 +112,11 @@ def run_jobs(fn: Callable[..., Any], jobs: Iterable[tuple], workers: int, device
             for future in done:
                 job = pending.pop(future)
                 on_result(job, future.result())
+    except BrokenProcessPool:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise FlatbenchError("a worker process ended abruptly (its own error line is above: e.g. a measure that "
+                             "ignored its time limit); the entries written before are kept, `flatbench status` "
+                             "shows what is missing") from None
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise

@@ -24,6 +24,7 @@ import torch
 from torch.func import functional_call, jvp
 
 from flatbench.curvature import ModeCheck, forward_ad_missing, math_attention
+from flatbench.curvature.common import require_graph
 from flatbench.curvature.modes import checked_mode, compare_products, missing_forward_ad
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 
@@ -61,7 +62,7 @@ def _reverse_directional(model: torch.nn.Module, x: torch.Tensor, params: dict[s
     """(f(x; θ), J θ) by two reverse passes: J θ = ∂/∂u (uᵀJ θ) at any u."""
     with torch.enable_grad():
         leaves = {k: p.clone().requires_grad_(True) for k, p in params.items()}
-        out = functional_call(model, leaves, (x,))
+        out = require_graph(functional_call(model, leaves, (x,)))
         u = torch.zeros_like(out, requires_grad=True)
         grads = torch.autograd.grad(out, list(leaves.values()), u, create_graph=True, allow_unused=True,
                                     materialize_grads=True)

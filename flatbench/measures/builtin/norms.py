@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
@@ -141,6 +142,40 @@ def _squared_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+class _SquaredConstants(TorchDispatchMode):
+    """In the squared-weights network, a multiplication, division or addition by a constant c (a number, or a
+    one-element tensor not computed from the parameters: what `traced_ops` calls a constant) uses c²: a
+    constant scale is a path weight like any weight, squared (× c is × c², so × (−1) leaves the path norm as
+    it is rather than making it negative), and a constant added is a bias, squared like the biases."""
+
+    def __init__(self, parameters: list[torch.Tensor]):
+        super().__init__()
+        self.dependent = {id(t): t for t in parameters}
+        """The tensors computed from a parameter, by id (held, so that no id is reused during the pass)."""
+
+    def _depends(self, value: object) -> bool:
+        if isinstance(value, torch.Tensor):
+            return id(value) in self.dependent
+        return isinstance(value, (list, tuple)) and any(self._depends(v) for v in value)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in _CONSTANT_OPS and len(args) > 1:
+            c = args[1]
+            if isinstance(c, (int, float)) or (isinstance(c, torch.Tensor) and c.numel() == 1
+                                               and not self._depends(c)):
+                args = (args[0], c * c, *args[2:])
+        out = func(*args, **kwargs)
+        if self._depends(args) or self._depends(list(kwargs.values())):
+            for t in out if isinstance(out, (list, tuple)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.dependent[id(t)] = t
+        return out
+
+
+_CONSTANT_OPS = frozenset({"mul", "mul_", "div", "div_", "add", "add_"})
+
+
 @register_measure("path_norm", description="Σ_paths Π_e w_e²: the squared-weights network on an all-ones "
                   "input (biases squared too)", cost="cheap", invariant_to=("layer", "node", "bn"))
 def path_norm(ctx: MeasureContext) -> MeasureOutput:
@@ -151,7 +186,9 @@ def path_norm(ctx: MeasureContext) -> MeasureOutput:
     its squared-weights network is not a sum over paths then."""
     shared.require_relu_network(ctx, "path_norm")
     ones = torch.ones((1, *ctx.inputs.shape[1:]), device=ctx.device, dtype=ctx.dtype)
-    with torch.no_grad():
-        out = functional_call(ctx.model, _squared_params(ctx.model), (ones,))
+    state = _squared_params(ctx.model)
+    parameters = [state[n] for n, _ in ctx.model.named_parameters()]
+    with torch.no_grad(), _SquaredConstants(parameters):
+        out = functional_call(ctx.model, state, (ones,))
     value = float(out.sum())
     return MeasureOutput({"path_norm": value, "path_norm/log": math.log(value) if value > 0 else float("nan")})

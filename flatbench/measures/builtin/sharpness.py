@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from flatbench.curvature.common import require_graph
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 from flatbench.measures.registry import setting_range
@@ -83,7 +84,7 @@ def loss_and_grad(model: nn.Module, batches: list[tuple[Tensor, Tensor]], loss: 
     total = 0.0
     with torch.enable_grad():
         for x, y in batches:
-            value = loss.per_example(functional_call(model, leaves, (x,)), y).sum() / n
+            value = require_graph(loss.per_example(functional_call(model, leaves, (x,)), y).sum() / n)
             for acc, g in zip(grads, torch.autograd.grad(value, list(leaves.values()), allow_unused=True)):
                 if g is not None:
                     acc += g
