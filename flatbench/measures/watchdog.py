@@ -71,6 +71,27 @@ def _raise_in(ident: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
 
 
+class _Drained(BaseException):
+    """The exception `_clear_own_pending` delivers to itself (never seen outside it)."""
+
+
+def _clear_own_pending() -> None:
+    """Clear a time-out still pending in the calling thread by delivering a private exception in its place.
+
+    Clearing with `PyThreadState_SetAsyncExc(id, NULL)` is not enough in CPython 3.11: it leaves the
+    interpreter's eval breaker signalled for good (only a delivered asynchronous exception resets it), so every
+    later instruction of the process takes the slow path, and under `sys.setprofile` or `sys.settrace` the
+    interpreter loops forever on one instruction (a profiler or a coverage run after a timed-out measure hung;
+    the suite hung in CI). Delivering `_Drained` inside this `try` resets it."""
+    try:
+        _raise_in(threading.get_ident(), _Drained)
+        for _ in range(100_000):  # the exception arrives at the next check of the eval breaker
+            pass
+    except _Drained:
+        return
+    _raise_in(threading.get_ident(), None)  # not delivered (cannot happen on CPython): clear it at least
+
+
 class Watchdog:
     """The process's watchdog thread and its armed deadlines (see the module docstring)."""
 
@@ -103,7 +124,7 @@ class Watchdog:
             arm = self.armed.pop(token, None)
             self.kicked.pop(threading.get_ident(), None)
             if arm is not None and arm.fired:
-                _raise_in(arm.ident, None)
+                _clear_own_pending()  # arm.ident is this thread: `arm` arms the calling thread
             return arm is not None and arm.fired
 
     def _run(self) -> None:

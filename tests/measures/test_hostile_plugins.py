@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -238,3 +240,31 @@ def test_check_measure_fails_a_plugin_that_mutates_the_model_and_limits_a_sleepi
     report = contract.check_measure("_napper", cases=contract.CASES[:1], families=("layer",), timeout_s=0.3)
     assert time.monotonic() - start < 10
     assert report.problems and any("timed out" in p for p in report.problems), report.problems
+
+
+_PROFILE_AFTER_A_TIMEOUT = """
+import signal, sys, time
+from flatbench.measures.isolation import MeasureTimeout, time_limit
+for deaf in (False, True):
+    try:
+        with time_limit(0.2, "sleeper"):
+            if deaf:
+                signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            time.sleep(5)
+    except MeasureTimeout:
+        pass
+sys.setprofile(lambda *args: None)
+(lambda: sum(range(1000)))()
+sys.setprofile(None)
+print("done")
+"""
+
+
+def test_a_timed_out_measure_leaves_no_interrupt_pending_for_a_profiler_after_it():
+    """Clearing the watchdog's pending time-out with `PyThreadState_SetAsyncExc(id, NULL)` left CPython 3.11's
+    eval breaker signalled for good: the next call under `sys.setprofile` looped forever (the suite hung in
+    CI in a test that walks calls with a profiler, after this file's time-outs). In a child process, so
+    that the bug fails the test instead of hanging the suite."""
+    done = subprocess.run([sys.executable, "-c", _PROFILE_AFTER_A_TIMEOUT], capture_output=True, text=True,
+                          timeout=90, check=False)
+    assert done.stdout.strip() == "done", done.stderr[-2000:]
