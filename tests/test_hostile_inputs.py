@@ -1,0 +1,153 @@
+"""Issue 44 part B ("nothing silently wrong"): damaged run folders that `report` trusted, impossible
+correlations and cut files in `compare`, one run's I/O error stopping a stage, a failed report changing
+files, YAML that expands without bound, a `measure-model` factory that misbehaves, the API's arguments, and
+the smaller cases of docs/guide/bad-input.md. In-process CLI calls (`in_process`) on one small trained study,
+copied per test."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import in_process
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FEW = settings(max_examples=12, deadline=None, derandomize=True, database=None,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def one_line(result, *parts: str, code: int = 2) -> str:
+    """A refused command: exit `code`, one `error:` line on stderr holding `parts`, no traceback."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == code, (result.returncode, result.stdout[-800:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    for part in parts:
+        assert part in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """Three runs on small blobs, trained, measured and reported (never modified: tests copy it)."""
+    root = tmp_path_factory.mktemp("hostile_b")
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 120)
+    x = (rng.normal(size=(3, 5))[y] * 3 + rng.normal(size=(120, 5))).astype(np.float32)
+    np.savez(root / "blobs.npz", x_train=x[:90], y_train=y[:90], x_test=x[90:], y_test=y[90:])
+    config = {"name": "hb", "seed": 0, "out": str(root / "results"),
+              "data": {"dataset": str(root / "blobs.npz"), "random_label_ratio": [0.0, 0.5, 1.0]},
+              "model": {"name": "mlp", "widths": [8]},
+              "train": {"epochs": 1, "batch_size": 32, "lr": 0.01},
+              "measure": {"measures": ["frobenius_norm", "spectral_norm"]},
+              "report": {"min_train_acc": 0.0}}
+    (root / "hb.yaml").write_text(yaml.safe_dump(config))
+    for stage in ("train", "measure"):
+        result = in_process(stage, str(root / "hb.yaml"), "--quiet", "--device", "cpu")
+        assert result.returncode == 0, result.stderr
+    result = in_process("report", str(root / "results" / "hb"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.fixture
+def exp(study, tmp_path):
+    """A copy of the study's experiment folder."""
+    target = tmp_path / "hb"
+    shutil.copytree(study / "results" / "hb", target)
+    return target
+
+
+def _runs(exp: Path) -> list[Path]:
+    return sorted(p for p in (exp / "runs").iterdir() if p.is_dir())
+
+
+def _edit_info(run: Path, **changes) -> None:
+    info = json.loads((run / "run.json").read_text())
+    for key, value in changes.items():
+        if key == "lr":
+            info["config"]["train"]["lr"] = value
+        else:
+            info[key] = value
+    (run / "run.json").write_text(json.dumps(info))
+
+
+def _status(exp: Path) -> dict:
+    result = in_process("status", str(exp), "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and "runs" not in p.relative_to(folder).parts}
+
+
+# ---------------------------------------------------------------- 1. report trusts damaged run folders
+
+def _damage(exp: Path, how: str) -> str:
+    """Damage the study in one of the ways `status` calls damaged; returns the run folder's name named."""
+    a, b, c = _runs(exp)
+    if how == "symlinked run.json":
+        (b / "run.json").unlink()
+        (b / "run.json").symlink_to(a / "run.json")
+        return b.name
+    if how == "copied run.json":
+        shutil.copyfile(a / "run.json", b / "run.json")
+        return b.name
+    if how == "folder copied under another id":
+        shutil.rmtree(c)
+        shutil.copytree(a, c)
+        return c.name
+    if how == "edited config":
+        _edit_info(a, lr=0.5)
+        return a.name
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["symlinked run.json", "copied run.json", "folder copied under another id",
+                                 "edited config"])
+def test_report_refuses_a_run_that_status_calls_damaged(exp, how):
+    name = _damage(exp, how)
+    assert _status(exp)["runs"][name]["state"] == "damaged"
+    before = _files(exp)
+    one_line(in_process("report", str(exp), "--quiet"), "damaged run", name)
+    assert _files(exp) == before
+
+
+def test_a_run_folder_linked_into_two_experiments_counts_once(exp, tmp_path):
+    other = tmp_path / "other"
+    (other / "runs").mkdir(parents=True)
+    (other / "runs" / _runs(exp)[0].name).symlink_to(_runs(exp)[0])
+    one_line(in_process("report", str(exp), str(other), "--out", str(tmp_path / "rep"), "--quiet"),
+             "count twice")
+
+
+@FEW
+@given(key=st.sampled_from(["train_acc", "test_acc", "train_loss", "test_loss"]),
+       value=st.one_of(st.floats(min_value=1.0, exclude_min=True, max_value=1e6),
+                       st.floats(max_value=0.0, exclude_max=True, min_value=-1e6)))
+def test_impossible_accuracies_and_losses_are_damage(exp, key, value):
+    if key.endswith("_loss") and value > 1:
+        value = -value  # a loss above 1 is possible; its negative is not
+    run = _runs(exp)[0]
+    original = (run / "run.json").read_text()
+    try:
+        _edit_info(run, **{key: value})
+        assert _status(exp)["runs"][run.name]["state"] == "damaged"
+        one_line(in_process("report", str(exp), "--quiet"), key, run.name)
+    finally:
+        (run / "run.json").write_text(original)
+
+
+def test_the_undamaged_study_still_reports(exp):
+    assert in_process("report", str(exp), "--quiet").returncode == 0
+    assert _status(exp)["counts"]["damaged"] == 0
