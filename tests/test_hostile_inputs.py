@@ -151,3 +151,31 @@ def test_impossible_accuracies_and_losses_are_damage(exp, key, value):
 def test_the_undamaged_study_still_reports(exp):
     assert in_process("report", str(exp), "--quiet").returncode == 0
     assert _status(exp)["counts"]["damaged"] == 0
+
+
+# ---------------------------------------------------------------- 2. compare: impossible values, cut files
+
+@pytest.mark.parametrize("column,value", [("kendall_tau", "5.0"), ("kendall_tau_lo", "-1.5"),
+                                          ("spearman_rho", "2"), ("pearson_r", "-inf"), ("kendall_p", "1.5"),
+                                          ("kendall_p", "-0.1"), ("kendall_tau", "abc")])
+def test_compare_refuses_an_impossible_correlation_or_p_value(exp, tmp_path, column, value):
+    import pandas as pd
+
+    path = exp / "correlations.csv"
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    frame.loc[0, column] = value
+    frame.to_csv(path, index=False)
+    one_line(in_process("compare", str(exp), "--out", str(tmp_path / "cmp")), column, "correlations.csv")
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_compare_on_a_correlations_file_cut_anywhere_gives_one_line_or_a_whole_comparison(exp, tmp_path):
+    whole = (exp / "correlations.csv").read_bytes()
+    step = max(1, len(whole) // 40)
+    for cut in [*range(1, len(whole), step), len(whole) - 1]:
+        (exp / "correlations.csv").write_bytes(whole[:cut])
+        result = in_process("compare", str(exp), "--out", str(tmp_path / f"cmp{cut}"))
+        if whole[:cut].endswith(b"\n") and whole[:cut].count(b"\n") > 1:
+            assert result.returncode == 0, (cut, result.stderr)  # cut at a row's end: fewer rows, nothing cut
+        else:
+            one_line(result, "correlations.csv")
