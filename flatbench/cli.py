@@ -517,8 +517,8 @@ def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None, untraine
         problems.append(f"{len(outcome.failed)} run(s) failed to train: {', '.join(outcome.failed)} "
                         "(see their run.json)")
     if counts is not None and counts.failed_runs:
-        first = next(iter(counts.failed_runs.items()))
-        problems.append(f"{len(counts.failed_runs)} model(s) could not be measured ({first[0]}: {first[1]})")
+        (first, why), names = next(iter(counts.failed_runs.items())), ", ".join(list(counts.failed_runs)[:8])
+        problems.append(f"{len(counts.failed_runs)} model(s) could not be measured: {names} ({first}: {why})")
     failed = list(counts.failed_entries) if counts is not None else []
     _list_failed(failed)
     if problems:

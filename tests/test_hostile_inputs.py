@@ -179,3 +179,49 @@ def test_compare_on_a_correlations_file_cut_anywhere_gives_one_line_or_a_whole_c
             assert result.returncode == 0, (cut, result.stderr)  # cut at a row's end: fewer rows, nothing cut
         else:
             one_line(result, "correlations.csv")
+
+
+# ---------------------------------------------------------------- 3. one run's I/O error stops the stage
+
+def _entry_seconds(run: Path) -> dict:
+    return {k: v.get("seconds") for k, v in json.loads((run / "measures.json").read_text()).items()}
+
+
+@pytest.mark.parametrize("how", ["unreadable model.pt", "read-only run folder"])
+def test_one_runs_io_error_leaves_the_other_runs_measured(exp, monkeypatch, how):
+    from denied_io import denied
+
+    bad, *good = _runs(exp)
+    for run in good:  # drop an entry, to see it measured again
+        entries = json.loads((run / "measures.json").read_text())
+        del entries["spectral_norm"]
+        (run / "measures.json").write_text(json.dumps(entries))
+    if how == "unreadable model.pt":
+        ctx = denied(monkeypatch, bad / "model.pt", read=True)
+    else:
+        ctx = denied(monkeypatch, lambda p: p.parent == bad and p.name != "model.pt" and p.name != "run.json",
+                     write=True, code=errno.EROFS)
+    with ctx as refused:
+        result = in_process("measure", str(exp), "--measures", "frobenius_norm,spectral_norm", "--force",
+                            "--device", "cpu", "--quiet")
+    assert refused
+    line = one_line(result, "could not be measured", bad.name)
+    assert "Permission denied" in line or "Read-only" in line, line
+    for run in good:
+        assert "spectral_norm" in json.loads((run / "measures.json").read_text())
+
+
+def test_the_worker_job_turns_an_io_error_into_this_models_failure(exp, monkeypatch):
+    """`--workers`: the job a worker process runs (`study.measure._worker_measure`) fails its one model."""
+    from denied_io import denied
+
+    from flatbench.measures.targets import measure_targets
+    from flatbench.study.measure import _worker_measure
+    from flatbench.study.spec import read_saved_study
+
+    cfg = read_saved_study(exp).measure
+    run = _runs(exp)[0]
+    target = measure_targets(run, snapshots=False)[0]
+    with denied(monkeypatch, run / "model.pt", read=True):
+        report, _, lines = _worker_measure(target, ["frobenius_norm"], cfg, "cpu", True, False)
+    assert report.failure and "Permission denied" in report.failure, report
