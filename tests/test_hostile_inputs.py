@@ -225,3 +225,32 @@ def test_the_worker_job_turns_an_io_error_into_this_models_failure(exp, monkeypa
     with denied(monkeypatch, run / "model.pt", read=True):
         report, _, lines = _worker_measure(target, ["frobenius_norm"], cfg, "cpu", True, False)
     assert report.failure and "Permission denied" in report.failure, report
+
+
+# ---------------------------------------------------------------- 4. a failed report changes files
+
+@pytest.mark.parametrize("fail_at", [1, 2, 4, 7, 12, -1])
+def test_a_report_that_fails_part_way_leaves_the_previous_report_whole(exp, monkeypatch, fail_at):
+    """A full disk (ENOSPC) at the fail_at-th file the report writes (-1: the last one, report.html)."""
+    from flatbench import store
+
+    before = _files(exp)
+    real = store.atomic_write_bytes
+    writes: list[str] = []
+
+    def full_disk(path, data):
+        writes.append(Path(path).name)
+        if len(writes) == fail_at or (fail_at == -1 and Path(path).name == "report.html"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, data)
+
+    monkeypatch.setattr(store, "atomic_write_bytes", full_disk)
+    line = one_line(in_process("report", str(exp), "--quiet", "--seed", "1"), "No space left on device")
+    assert writes and "kept" not in line
+    after = _files(exp)
+    assert after.keys() == before.keys(), set(after) ^ set(before)
+    assert after == before
+    assert not [p for p in exp.iterdir() if p.name.startswith(".report-kept-")]
+    monkeypatch.setattr(store, "atomic_write_bytes", real)
+    assert in_process("report", str(exp), "--quiet", "--seed", "1").returncode == 0
+    assert _files(exp) != before  # another seed: another report, written whole

@@ -16,6 +16,7 @@ from flatbench.errors import ConfigError, FlatbenchError
 from flatbench.measures.keys import parse_key
 from flatbench.measures.registry import get_measure
 from flatbench.measures.stale import drop_stale
+from flatbench.study.kept import kept_on_failure
 from flatbench.study.spec import check_output_dir, read_saved_study
 from flatbench.study.validity import finished_run_problem
 
@@ -89,11 +90,12 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         check_one_setting(recs, f" (snapshots at train loss {level:g})")
     echo(f"building the report from {len(records)} runs"
          + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
-    if statistics_only:
-        write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale, snapshots=levels)
-        return None
-    inputs = ReportInputs(records, stale, _measure_info(records), levels)
-    return write_report(exp_dirs, out, cfg, inputs=inputs, seed=seed, quiet=quiet, echo=echo)
+    with kept_on_failure(out):  # a report that fails part-way (a full disk) leaves the previous one whole
+        if statistics_only:
+            write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale, snapshots=levels)
+            return None
+        inputs = ReportInputs(records, stale, _measure_info(records), levels)
+        return write_report(exp_dirs, out, cfg, inputs=inputs, seed=seed, quiet=quiet, echo=echo)
 
 
 def check_regular_files(exp: Path) -> None:
