@@ -254,3 +254,32 @@ def test_a_report_that_fails_part_way_leaves_the_previous_report_whole(exp, monk
     monkeypatch.setattr(store, "atomic_write_bytes", real)
     assert in_process("report", str(exp), "--quiet", "--seed", "1").returncode == 0
     assert _files(exp) != before  # another seed: another report, written whole
+
+
+# ---------------------------------------------------------------- 5. YAML that expands without bound
+
+def _laughs(levels: int, width: int = 10) -> str:
+    lines = ["name: laughs", "lol0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"lol{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [6, 9, 30])
+def test_a_billion_laughs_config_is_refused_at_once(tmp_path, levels):
+    import time
+
+    path = tmp_path / "laughs.yaml"
+    path.write_text(_laughs(levels))
+    start = time.monotonic()
+    one_line(in_process("train", str(path), "--quiet"), "billion laughs")
+    assert time.monotonic() - start < 10
+
+
+def test_a_recursive_alias_and_a_small_shared_anchor(tmp_path):
+    from flatbench import strict_yaml
+
+    path = tmp_path / "loop.yaml"
+    path.write_text("name: loop\ndata: &d {dataset: mnist_mini, extra: [*d]}\n")
+    one_line(in_process("train", str(path), "--quiet"), "recursive alias")
+    assert strict_yaml.load("a: &x [1, 2]\nb: *x\n") == {"a": [1, 2], "b": [1, 2]}
+    assert strict_yaml.load(_laughs(4)) is not None  # 10 000 values: under the bound
