@@ -283,3 +283,40 @@ def test_a_recursive_alias_and_a_small_shared_anchor(tmp_path):
     one_line(in_process("train", str(path), "--quiet"), "recursive alias")
     assert strict_yaml.load("a: &x [1, 2]\nb: *x\n") == {"a": [1, 2], "b": [1, 2]}
     assert strict_yaml.load(_laughs(4)) is not None  # 10 000 values: under the bound
+
+
+# ---------------------------------------------------------------- 6. measure-model's factory
+
+FACTORIES = '''
+import math, sys
+from torch import nn
+
+def value_error(): raise ValueError("bad width")
+def runtime_error(): raise RuntimeError("no")
+def recursion(): return recursion()
+def memory(): raise MemoryError()
+def exit0(): sys.exit(0)
+def exit3(): sys.exit(3)
+def exit_none(): sys.exit()
+
+class IntNet(nn.Module):
+    def __init__(self, n, c):
+        super().__init__()
+        self.l = nn.Linear(n, c)
+    def forward(self, x):
+        return (self.l(x.flatten(1)) * 100).long()
+
+def int_outputs(input_shape, num_classes):
+    return IntNet(math.prod(input_shape), num_classes)
+'''
+
+
+@pytest.mark.parametrize("name,said", [("value_error", "raised ValueError: bad width"),
+                                       ("runtime_error", "raised RuntimeError"),
+                                       ("recursion", "raised RecursionError"), ("memory", "raised MemoryError"),
+                                       ("exit0", "sys.exit(0)"), ("exit3", "sys.exit(3)"),
+                                       ("exit_none", "sys.exit(None)"), ("int_outputs", "torch.int64 outputs")])
+def test_a_misbehaving_factory_is_one_line(tmp_path, name, said):
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    one_line(in_process("measure-model", f"{tmp_path / 'factories.py'}:{name}", "--data", "mnist_mini",
+                        "--measures", "frobenius_norm", "--n-examples", "16"), said)
