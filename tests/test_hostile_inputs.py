@@ -320,3 +320,77 @@ def test_a_misbehaving_factory_is_one_line(tmp_path, name, said):
     (tmp_path / "factories.py").write_text(FACTORIES)
     one_line(in_process("measure-model", f"{tmp_path / 'factories.py'}:{name}", "--data", "mnist_mini",
                         "--measures", "frobenius_norm", "--n-examples", "16"), said)
+
+
+# ---------------------------------------------------------------- 7. the API's arguments
+
+def _api_cases():
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+
+    class Lists(Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return [x[i].tolist(), int(y[i])]
+
+    class Ragged(Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return x[i][: 4 if i < 10 else 3], y[i]
+
+    meta = nn.Sequential(nn.Flatten(), nn.Linear(4, 3, device="meta"))
+    frob = ["frobenius_norm"]
+    return {
+        "measures None": (dict(model=net, data=(x, y), measures=None), "measures must be"),
+        "measures int": (dict(model=net, data=(x, y), measures=3), "measures must be"),
+        "measures dict": (dict(model=net, data=(x, y), measures={"a": 1}), "measures must be"),
+        "plugins as one string": (dict(model=net, data=(x, y), measures=frob, plugins="no_such_plugin.py"),
+                                  "no_such_plugin.py"),
+        "plugins int": (dict(model=net, data=(x, y), measures=frob, plugins=7), "plugins must be"),
+        "loader of lists": (dict(model=net, data=DataLoader(Lists(), batch_size=5), measures=frob), "a list"),
+        "ragged loader": (dict(model=net, data=DataLoader(Ragged(), batch_size=10), measures=frob), "one shape"),
+        "meta model": (dict(model=meta, data=(x, y), measures=frob), "meta device"),
+        "n_examples above the data": (dict(model=net, data=(x, y), measures=frob, n_examples=21), "more than the 20"),
+        "huge iters": (dict(model=net, data=(x, y), measures=["hessian_max_eig"],
+                            settings={"hessian_max_eig": {"iters": 10**12}}), "at most"),
+        "huge density grid": (dict(model=net, data=(x, y), measures=["hessian_density"],
+                                   settings={"hessian_density": {"grid": 10**9}}), "grid"),
+        "density sigma finer than its grid": (dict(model=net, data=(x, y), measures=["hessian_density"],
+                                                   settings={"hessian_density": {"sigma": 1e-6}}), "integrate to 1"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_api_cases()))
+def test_bad_api_arguments_are_one_flatbench_error(case, own_registry):
+    import flatbench
+    from flatbench.errors import FlatbenchError
+
+    kwargs, said = _api_cases()[case]
+    with pytest.raises(FlatbenchError) as info:
+        flatbench.measure(**kwargs)
+    assert said in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_the_density_at_its_finest_allowed_sigma_integrates_to_one():
+    import torch
+
+    import flatbench
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(30, 4), torch.randint(0, 3, (30,))
+    grid = 60
+    df = flatbench.measure(net, (x, y), ["hessian_density"],
+                           settings={"hessian_density": {"grid": grid, "sigma": 1.1 / (grid - 7)}})
+    info = df.attrs["info"]["hessian_density"]
+    mass = float(torch.trapezoid(torch.tensor(info["density"]), torch.tensor(info["grid"])))
+    assert mass == pytest.approx(1.0, abs=1e-3)
