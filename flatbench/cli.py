@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from flatbench.errors import FlatbenchError, one_line, silence_library_noise
+from flatbench.errors import FlatbenchError, one_line, printable, silence_library_noise
 
 if TYPE_CHECKING:  # the CLI imports torch (through flatbench.training) only when a command runs
     from flatbench.training import TrainOutcome
@@ -346,7 +346,7 @@ def list_measures(plugins: tuple[str, ...]) -> None:
     header = ("name", "invariant to", "cost", "dtype", "description")
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
     for row in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4])
+        click.echo(one_line("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4]))
 
 
 @cli.command("describe")
@@ -360,7 +360,7 @@ def describe(name: str, plugins: tuple[str, ...], markdown: bool) -> None:
     from flatbench.measures.reference_page import measure_page
 
     _load_plugins(plugins)
-    click.echo((measure_page if markdown else describe_measure)(name), nl=False)
+    click.echo(printable((measure_page if markdown else describe_measure)(name)), nl=False)
 
 
 @cli.command("check-measure")

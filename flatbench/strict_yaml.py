@@ -9,6 +9,7 @@ the few words of a one-line message.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -74,6 +75,12 @@ def _expanded_size(root: yaml.Node) -> int:
         stack.append((node, True))
         stack.extend((k, False) for k in kids if id(k) not in size)
     return size[id(root)]
+
+
+EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+"""`1e-3`, `5E4`: floats in YAML 1.2 and to every user, strings in PyYAML's YAML 1.1 (which wants a dot:
+`1.0e-3`), so that a setting given as 1e-3 was refused as "expected a number, got '1e-3'"."""
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))
 
 
 def load(text: str) -> Any:

@@ -394,3 +394,36 @@ def test_the_density_at_its_finest_allowed_sigma_integrates_to_one():
     info = df.attrs["info"]["hessian_density"]
     mass = float(torch.trapezoid(torch.tensor(info["density"]), torch.tensor(info["grid"])))
     assert mass == pytest.approx(1.0, abs=1e-3)
+
+
+# ---------------------------------------------------------------- 8. smaller cases
+
+def test_settings_in_exponent_form_are_numbers(write_config):
+    from flatbench import strict_yaml
+    from flatbench.api import settings_from_overrides
+
+    assert strict_yaml.load("a: 1e-3\nb: -5E4\nc: '1e-3'\nd: 1e") == {"a": 1e-3, "b": -5e4, "c": "1e-3", "d": "1e"}
+    assert settings_from_overrides(["hessian_max_eig.tol=1e-3"]) == {"hessian_max_eig": {"tol": 1e-3}}
+    result = in_process("measure-model", "flatbench.models:MLP", "--data", "mnist_mini", "--measures",
+                        "hessian_max_eig", "--set", "hessian_max_eig.tol=1e-3", "--n-examples", "1")
+    assert "expected a number" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name", ["x@mse", "a\tb", "a\nb", "a b", "x:v", "", "é"])
+def test_plugin_measure_names_with_whitespace_or_separators_are_refused(tmp_path, name, own_registry):
+    plugin = tmp_path / "named.py"
+    plugin.write_text(f"from flatbench import register_measure\n@register_measure({name!r}, description='d')\n"
+                      "def m(ctx):\n    return 1.0\n")
+    one_line(in_process("list-measures", "--plugin", str(plugin)), "measure name")
+
+
+def test_describe_and_list_measures_escape_terminal_sequences(tmp_path, own_registry):
+    plugin = tmp_path / "loud.py"
+    plugin.write_text("from flatbench import register_measure\n"
+                      "@register_measure('loud', description='red \\x1b[31mtext\\x1b[0m \\x07 bell')\n"
+                      "def loud(ctx):\n    return 1.0\n")
+    for args in (("describe", "loud"), ("describe", "loud", "--markdown"), ("list-measures",)):
+        result = in_process(*args, "--plugin", str(plugin))
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+        assert "\\x1b[31m" in result.stdout
