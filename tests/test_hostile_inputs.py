@@ -427,3 +427,29 @@ def test_describe_and_list_measures_escape_terminal_sequences(tmp_path, own_regi
         assert result.returncode == 0, result.stderr
         assert "\x1b" not in result.stdout and "\x07" not in result.stdout
         assert "\\x1b[31m" in result.stdout
+
+
+def test_every_measure_setting_the_docs_name_exists():
+    """`MEASURE.KEY=VALUE` (as `--set` and overrides write them) and `measure.settings.MEASURE.KEY` in the
+    docs, the README, the configs and the examples name settings the measure has (a doc once said
+    `eps_sharpness.steps`, which does not exist)."""
+    import re
+
+    from flatbench.measures import all_measures
+
+    root = Path(__file__).resolve().parents[1]
+    registry = all_measures()
+    files = [root / "README.md", *(root / "docs").rglob("*.md"), *(root / "configs").rglob("*.yaml"),
+             *(root / "examples").rglob("*.*")]
+    named, wrong = 0, []
+    pattern = re.compile(r"(?:settings\.)?\b([a-z][a-z0-9_]*)\.([a-z][a-z0-9_]*)=")
+    for path in files:
+        if not path.is_file() or path.suffix not in (".md", ".yaml", ".py", ".sh", ".ipynb"):
+            continue
+        for name, key in pattern.findall(path.read_text(errors="replace")):
+            if name in registry:
+                named += 1
+                if key not in registry[name].defaults:
+                    wrong.append(f"{path.relative_to(root)}: {name}.{key}")
+    assert named, "no setting found in the docs: the pattern is wrong"
+    assert not wrong, wrong
