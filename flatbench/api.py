@@ -85,6 +85,8 @@ def as_tensors(data: Any, n_examples: int | None, batch_fn: Callable[[Any], Any]
                              f"{type(data).__name__}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise FlatbenchError(f"data: {x.shape[0]} inputs and {y.shape[0]} targets (need the same, at least one)")
+    if n_examples is not None and x.shape[0] < n_examples:  # refused, never silently capped (as in studies)
+        raise FlatbenchError(f"n_examples={n_examples} is more than the {x.shape[0]} examples of the data")
     if n_examples is not None:
         x, y = x[:n_examples], y[:n_examples]
     if y.dtype.is_floating_point:
@@ -220,8 +222,12 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                   or not 0 < timeout_s <= MAX_TIMEOUT_S):
         raise FlatbenchError(f"timeout_s must be in (0, {MAX_TIMEOUT_S}] seconds or None, got {timeout_s!r}")
-    load_plugins(list(plugins or ()))
-    names = resolve_names([measures] if isinstance(measures, str) else list(measures))
+    load_plugins(_names_of("plugins", plugins, "plugin files or modules", empty_ok=True))
+    names = resolve_names(_names_of("measures", measures, "measure names or 'all'"))
+    meta = next((n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta), None)
+    if meta is not None:
+        raise FlatbenchError(f"model: {meta} is on the meta device (no values): load the weights first "
+                             "(model.to_empty(device=...) and load_state_dict)")
     if not names:
         raise FlatbenchError("no measures given")
     state = None if _only_flatbench_code(names, loss) else _CallerState(model)
@@ -233,6 +239,19 @@ def measure_records(model: nn.Module, data: Any, measures: str | list[str] | tup
     finally:
         if state is not None:
             state.restore(model)
+
+
+def _names_of(what: str, given: Any, kind: str, empty_ok: bool = False) -> list[str]:
+    """A string (one name: a plugin file `file.py`, or comma-separated measure names) or a list or tuple
+    of strings, as a list; anything else (None, a number, a dict) is one line."""
+    if given is None and empty_ok:
+        return []
+    if isinstance(given, (str, Path)):
+        return [str(given)]
+    if isinstance(given, (list, tuple)) and all(isinstance(g, (str, Path)) for g in given):
+        return [str(g) for g in given]
+    raise FlatbenchError(f"{what} must be a string or a list of strings ({kind}), got {type(given).__name__}"
+                         f"{' ' + repr(given)[:60] if not isinstance(given, (list, tuple)) else ' holding ' + ', '.join(sorted({type(g).__name__ for g in given}))}")
 
 
 def _only_flatbench_code(names: list[str], loss: Any) -> bool:

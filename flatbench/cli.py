@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from flatbench.errors import FlatbenchError, one_line, silence_library_noise
+from flatbench.errors import FlatbenchError, one_line, printable, silence_library_noise
 
 if TYPE_CHECKING:  # the CLI imports torch (through flatbench.training) only when a command runs
     from flatbench.training import TrainOutcome
@@ -346,7 +346,7 @@ def list_measures(plugins: tuple[str, ...]) -> None:
     header = ("name", "invariant to", "cost", "dtype", "description")
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
     for row in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4])
+        click.echo(one_line("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4]))
 
 
 @cli.command("describe")
@@ -360,7 +360,7 @@ def describe(name: str, plugins: tuple[str, ...], markdown: bool) -> None:
     from flatbench.measures.reference_page import measure_page
 
     _load_plugins(plugins)
-    click.echo((measure_page if markdown else describe_measure)(name), nl=False)
+    click.echo(printable((measure_page if markdown else describe_measure)(name)), nl=False)
 
 
 @cli.command("check-measure")
@@ -517,8 +517,8 @@ def _exit_on_failures(outcome: TrainOutcome | None, counts: Any = None, untraine
         problems.append(f"{len(outcome.failed)} run(s) failed to train: {', '.join(outcome.failed)} "
                         "(see their run.json)")
     if counts is not None and counts.failed_runs:
-        first = next(iter(counts.failed_runs.items()))
-        problems.append(f"{len(counts.failed_runs)} model(s) could not be measured ({first[0]}: {first[1]})")
+        (first, why), names = next(iter(counts.failed_runs.items())), ", ".join(list(counts.failed_runs)[:8])
+        problems.append(f"{len(counts.failed_runs)} model(s) could not be measured: {names} ({first}: {why})")
     failed = list(counts.failed_entries) if counts is not None else []
     _list_failed(failed)
     if problems:

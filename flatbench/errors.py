@@ -33,6 +33,12 @@ def one_line(text: str) -> str:
     return "".join(c if c >= " " or c == "\t" else repr(c)[1:-1] for c in str(text))
 
 
+def printable(text: str) -> str:
+    """`text` with its lines kept and every other control character escaped (a plugin's description or a
+    setting's help holding terminal escape sequences is shown, never obeyed by the terminal)."""
+    return "\n".join(one_line(line) for line in str(text).split("\n"))
+
+
 class FlatbenchError(Exception):
     """An error caused by the user's input, reported as one clear line (exit code 2)."""
 

@@ -57,8 +57,18 @@ def build_from_factory(spec: str, input_shape: tuple[int, ...], num_classes: int
     """The user's model: `spec` (file.py:function or pkg.module:function) called with `kwargs` and, where
     its signature takes them, `input_shape` and `num_classes`; it must return an `nn.Module`."""
     fn = load_object(spec, "model factory")
-    model = call_with_accepted(fn, {"input_shape": tuple(input_shape), "num_classes": int(num_classes)},
-                               dict(kwargs or {}), f"model factory '{spec}'")
+    try:
+        model = call_with_accepted(fn, {"input_shape": tuple(input_shape), "num_classes": int(num_classes)},
+                                   dict(kwargs or {}), f"model factory '{spec}'")
+    except SystemExit as exc:  # sys.exit(0) in a factory must not end the command as a success
+        raise FlatbenchError(f"model factory '{spec}' called sys.exit({exc.code!r}) instead of returning a "
+                             "model") from None
+    except FlatbenchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - ValueError, RecursionError, MemoryError, ...: the user's code
+        text = str(exc).strip().splitlines()
+        raise FlatbenchError(f"model factory '{spec}' raised {type(exc).__name__}"
+                             f"{': ' + text[0][:200] if text else ''}") from None
     if not isinstance(model, nn.Module):
         raise FlatbenchError(f"model factory '{spec}' returned a {type(model).__name__}, not a torch.nn.Module")
     return model

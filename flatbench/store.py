@@ -369,6 +369,19 @@ def run_info_problem(info: Any) -> str | None:
         for key in ("train_acc", "test_acc", "train_loss", "test_loss"):
             if not _is_number(info.get(key)):
                 return f"a finished run whose {key} is {info.get(key)!r}, not a number"
+            problem = _metric_range_problem(key, float(info[key]))
+            if problem:
+                return f"a finished run whose {problem}"
+    return None
+
+
+def _metric_range_problem(key: str, value: float) -> str | None:
+    """An impossible final metric: an accuracy not a finite number in [0, 1], a loss below 0 (a loss may be
+    nan or inf: a diverged training records it so)."""
+    if key.endswith("_acc") and not 0.0 <= value <= 1.0:
+        return f"{key} is {value!r}, not an accuracy in [0, 1]"
+    if key.endswith("_loss") and value < 0:
+        return f"{key} is {value!r}, a negative loss"
     return None
 
 

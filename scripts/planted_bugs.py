@@ -4,6 +4,7 @@
     python scripts/planted_bugs.py --round 30       # issue 30's round only (scripts/planted_bugs_round30.txt)
     python scripts/planted_bugs.py --round 30 --only isolation   # the bugs whose name holds a word
     python scripts/planted_bugs.py --round 30 --only 'state:'    # issue 44 A: also zeros:, limits:, hang:, stale loss:
+    python scripts/planted_bugs.py --round 30 --only 'report:'   # issue 44 B: also args:, io:, hang: aliases
 
 Round 21 (issue 21's "bugs the suite does not catch") plants each bug by monkeypatching inside the pytest
 process (a plugin module written to a temporary folder). Round 30 (issue 30: the code that moved:
@@ -238,6 +239,53 @@ SOURCE_BUGS += [  # issue 44 part A: nothing silently wrong (plugins, models and
      '        if now is not None and now != loss.get("sha256"):', "        if False:", [*HOSTILE_CLI, "edited_loss"]),
     ("stale loss: two loss files of one function name share entries", "flatbench/study/spec.py",
      "    if clash:", "    if False:", [*HOSTILE_CLI, "share_a_name"]),
+]
+
+B = ["tests/test_hostile_inputs.py", "-k"]
+SOURCE_BUGS += [  # issue 44 part B: nothing silently wrong (damaged runs, I/O errors, hostile input)
+    ("report: a run.json describing another run is trusted", "flatbench/study/validity.py",
+     "    if stored.run_id() != run_path.name:", "    if False:", [*B, "report_refuses or impossible"]),
+    ("report: one run.json reached twice counts twice", "flatbench/study/report.py",
+     "        if problem is None and real in seen:", "        if False:", [*B, "two_experiments"]),
+    ("report: impossible accuracies are not damage", "flatbench/store.py",
+     "            problem = _metric_range_problem(key, float(info[key]))", "            problem = None",
+     [*B, "impossible"]),
+    ("report: a failed report leaves its partial files", "flatbench/study/kept.py",
+     "            _restore(folder, kept, set(files), set(dirs))", "            pass", [*B, "part_way"]),
+    ("args: compare takes any τ", "flatbench/study/compare.py",
+     '        return -1.0, 1.0, "a correlation"', '        return -9e9, 9e9, "a correlation"', [*B, "impossible_correlation"]),
+    ("args: compare reads a file cut mid-row", "flatbench/study/compare.py",
+     '    if not text.endswith("\\n"):', "    if False:", [*B, "cut_anywhere"]),
+    ("io: an unreadable model.pt stops the stage", "flatbench/measures/runner.py",
+     "        except OSError as exc:  # this model's files", "        except ZeroDivisionError as exc:  # this model's files",
+     [*B, "io_error"]),
+    ("io: a worker's I/O error stops the stage", "flatbench/study/measure.py",
+     "    except OSError as exc:  # as in this process", "    except ZeroDivisionError as exc:  # as in this process",
+     [*B, "worker_job"]),
+    ("hang: aliases expand without bound", "flatbench/strict_yaml.py",
+     "        if node is not None and _expanded_size(node) > MAX_NODES:", "        if False:", [*B, "laughs"]),
+    ("args: a factory's sys.exit(0) ends the command", "flatbench/models.py",
+     "    except SystemExit as exc:  # sys.exit(0)", "    except ZeroDivisionError as exc:  # sys.exit(0)", [*B, "factory"]),
+    ("args: integer outputs pass the trial forward", "flatbench/measures/arguments.py",
+     "    if not out.dtype.is_floating_point:", "    if False:", [*B, "factory"]),
+    ("args: measures=None reaches list()", "flatbench/api.py",
+     "    if isinstance(given, (list, tuple)) and all(isinstance(g, (str, Path)) for g in given):",
+     "    if isinstance(given, (list, tuple)) or given is None or isinstance(given, int):", [*B, "api"]),
+    ("args: n_examples above the data silently capped", "flatbench/api.py",
+     "    if n_examples is not None and x.shape[0] < n_examples:", "    if False:", [*B, "api"]),
+    ("args: no cap on count settings", "flatbench/measures/registry.py",
+     "        if kind == \"min\" and isinstance(value, int) and value > MAX_COUNT:", "        if False:", [*B, "api"]),
+    ("args: density sigma finer than its grid", "flatbench/measures/builtin/hessian.py",
+     "    if sigma < finest:", "    if False:", [*B, "api"]),
+    ("args: 1e-3 is a string", "flatbench/strict_yaml.py",
+     'StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))', "",
+     [*B, "exponent"]),
+    ("args: a tab in a measure name", "flatbench/measures/plugins.py",
+     'MEASURE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\\-]*")', 'MEASURE_NAME = re.compile(r"[^:@/,]+")',
+     [*B, "names"]),
+    ("args: describe prints terminal sequences", "flatbench/errors.py",
+     '    return "\\n".join(one_line(line) for line in str(text).split("\\n"))', "    return str(text)",
+     [*B, "escape"]),
 ]
 
 COPY_IGNORE = shutil.ignore_patterns(".git", "results", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",

@@ -390,7 +390,7 @@ def test_damaged_run_json_is_that_run_damaged_and_the_others_carry_on(copy, dama
         return
     run = run_cli if damage == "binary" else in_process  # one through a subprocess
     result = run("measure", str(exp), "--force", "--measures", "frobenius_norm", "--device", "cpu")
-    one_line_error(result, f"could not be measured ({RUN_IDS[0]}: {path} is damaged")
+    one_line_error(result, f"could not be measured: {RUN_IDS[0]} ({RUN_IDS[0]}: {path} is damaged")
     for rid in RUN_IDS[1:]:
         assert f"{rid}: 1 measure entries" in result.stdout or f"{rid}  frobenius_norm" in result.stdout
     if damage == "binary":

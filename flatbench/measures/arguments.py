@@ -94,6 +94,9 @@ def trial_forward(net: nn.Module, x: Tensor, y: Tensor, loss_fn: Any) -> int:
         raise FlatbenchError(f"the model must return logits of shape (n, classes), got "
                              f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__} for "
                              f"{sample.shape[0]} examples")
+    if not out.dtype.is_floating_point:
+        raise FlatbenchError(f"the model returns {out.dtype} outputs: logits must be floating point (an integer or "
+                             "boolean output, e.g. an argmax or a cast, has no derivatives and no loss)")
     classes = int(out.shape[1])
     if y.dtype.is_floating_point:  # regression targets (n,) or (n, k): mse compares them with the outputs
         width = int(y.shape[1]) if y.ndim == 2 else 1

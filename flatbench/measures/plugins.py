@@ -26,6 +26,7 @@ import hashlib
 import importlib
 import importlib.util
 import pkgutil
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ _FILES: dict[Path, tuple[str, str]] = {}
 _INSTALLED_LOADED = False
 _BATCHES: list[list[Registration]] = []
 """The registrations recorded by the imports under way (innermost last); empty outside a load."""
+
+
+MEASURE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+"""A measure's name: what the built-in ones use (letters, digits, `_`, `.`) and `-`; never `@` (a loss
+follows it in an entry key), `:` (a variant), `/` (a detail key), `,` (a list of names) or whitespace."""
 
 
 def _sha256(path: Path) -> str:
@@ -294,9 +300,10 @@ def _checked(registration: Registration, known: dict[str, MeasureSpec]) -> Measu
         raise FlatbenchError(f"measure '{name}': precision must be float64 or float32, got {d['precision']!r}")
     if d["cost"] not in COST_CLASSES:
         raise FlatbenchError(f"measure '{name}': cost must be one of {', '.join(COST_CLASSES)}, got {d['cost']!r}")
-    if not isinstance(name, str) or not name or any(c in name for c in ":@/,") or name == "all":
+    if not isinstance(name, str) or not MEASURE_NAME.fullmatch(name) or name == "all":
         raise FlatbenchError(f"measure name {name!r} must be a non-empty name without ':', '@', '/' or ',' "
-                             "(and not 'all')")
+                             "(and not 'all'): letters, digits, '_', '.' and '-' only (no spaces, tabs or newlines: "
+                             "`x@mse` would read as measure x with loss mse)")
     origin, sha = _origin(fn)
     if name in known and known[name].fn is not fn:
         other = known[name].origin

@@ -112,18 +112,26 @@ def as_output(out: Any, name: str) -> MeasureOutput:
 
 
 def setting_range(name: str, settings: dict[str, Any], rules: dict[str, tuple[str, Any]]) -> None:
-    """Check settings against `rules`: key -> ("min", m) (≥ m), ("gt", m) (> m) or ("in", choices); a value
-    outside is one line naming the measure, the setting and what is valid (a measure's `check`)."""
+    """Check settings against `rules`: key -> ("min", m) (≥ m, and an integer at most MAX_COUNT), ("gt", m)
+    (> m), ("range", (lo, hi)) or ("in", choices); a value outside is one line naming the measure, the
+    setting and what is valid (a measure's `check`)."""
     for key, (kind, bound) in rules.items():
         if key not in settings:
             continue
         value = settings[key]
+        if kind == "min" and isinstance(value, int) and value > MAX_COUNT:  # iters=10**12: a hang, not a setting
+            raise FlatbenchError(f"measure.settings.{name}.{key}: must be at most {MAX_COUNT}, got {value!r}")
         bad = (kind == "min" and not value >= bound) or (kind == "gt" and not value > bound) or \
-            (kind == "in" and value not in bound)
+            (kind == "in" and value not in bound) or (kind == "range" and not bound[0] <= value <= bound[1])
         if bad:
             want = f"at least {bound}" if kind == "min" else f"greater than {bound}" if kind == "gt" else \
-                "one of " + ", ".join(str(b) for b in bound)
+                f"in [{bound[0]}, {bound[1]}]" if kind == "range" else "one of " + ", ".join(str(b) for b in bound)
             raise FlatbenchError(f"measure.settings.{name}.{key}: must be {want}, got {value!r}")
+
+
+MAX_COUNT = 10_000_000
+"""The largest count setting (iterations, probes, samples, grid points) a measure accepts: beyond it a
+measure would run for days or run out of memory instead of answering."""
 
 
 def all_measures() -> dict[str, MeasureSpec]:

@@ -524,12 +524,15 @@ def measure_plans(plans: list[TargetPlan], cfg: MeasureConfig, device: torch.dev
     busy: list[TargetPlan] = []
 
     def measure_one(plan: TargetPlan, ctx: MeasureContext | None, blocking: bool) -> bool:
-        with folder_lock(plan.target.where, blocking=blocking) as held:
-            if not held:
-                return False
-            t0 = time.perf_counter()
-            report = measure_planned(plan, cfg, device, echo=echo, ctx=ctx, on_entry=on_entry)
-            done(plan.target, report, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        try:
+            with folder_lock(plan.target.where, blocking=blocking) as held:
+                if not held:
+                    return False
+                report = measure_planned(plan, cfg, device, echo=echo, ctx=ctx, on_entry=on_entry)
+        except OSError as exc:  # this model's files: its failure named, the other models measured
+            report = io_failure(plan.target, exc, len(plan.todo), echo)
+        done(plan.target, report, time.perf_counter() - t0)
         return True
 
     for start in range(0, len(plans), step):
@@ -542,6 +545,17 @@ def measure_plans(plans: list[TargetPlan], cfg: MeasureConfig, device: torch.dev
         measure_one(plan, None, blocking=True)
 
 
+def io_failure(target: Target, exc: OSError, pending: int, echo: Callable[[str], None] | None = None
+               ) -> MeasureReport:
+    """A model whose files could not be read or written (an unreadable model.pt, a read-only run folder, a
+    full disk): a failed model, named at the end of the stage (exit 2), the stage going on with the others."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    reason = f"{exc.strerror or exc}{where}"
+    if echo:
+        echo(f"  {target.label}: cannot be measured: {reason}")
+    return MeasureReport(entries=0, errors=pending, failure=reason)
+
+
 def grouped_contexts(plans: list[TargetPlan], cfg: MeasureConfig, device: torch.device) -> dict:
     """Contexts of the models that still need a curvature measure, with the exact Hessian diagonals of
     same-architecture MLPs computed as groups (`flatbench.measures.shared.prime_hessian_diagonals`); the
@@ -551,7 +565,7 @@ def grouped_contexts(plans: list[TargetPlan], cfg: MeasureConfig, device: torch.
         if any(spec.cost == "hessian" for spec, _, _ in plan.todo):
             try:
                 contexts[plan.target] = build_context(plan.target, cfg, device)
-            except FlatbenchError:
+            except (FlatbenchError, OSError):
                 continue  # measured alone, where the error is recorded
     prime_hessian_diagonals(list(contexts.values()), cfg.losses)
     return contexts

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -61,21 +62,40 @@ def _csv_problem(data: bytes) -> str | None:
         return f"not CSV: {exc}"
     if not rows or "measure" not in rows[0]:
         return "no 'measure' column in its first line"
-    width, tau = len(rows[0]), rows[0].index("kendall_tau") if "kendall_tau" in rows[0] else None
+    if not text.endswith("\n"):
+        return "its last line does not end with a newline: cut off"
+    width = len(rows[0])
+    ranges = [(i, name, _range(name)) for i, name in enumerate(rows[0]) if _range(name)]
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != width:
             return f"line {line} has {len(row)} fields, the header {width}: cut off or edited"
-        if tau is not None and row[tau] and not _is_float(row[tau]):
-            return f"line {line}: kendall_tau is {row[tau][:20]!r}, not a number"
+        for i, name, (low, high, what) in ranges:
+            if not row[i]:
+                continue
+            value = _float(row[i])
+            if value is None:
+                return f"line {line}: {name} is {row[i][:20]!r}, not a number"
+            if not math.isnan(value) and not low <= value <= high:
+                return f"line {line}: {name} is {row[i][:20]}, not {what} in [{low:g}, {high:g}]"
     return None
 
 
-def _is_float(text: str) -> bool:
+def _range(column: str) -> tuple[float, float, str] | None:
+    """The range of a correlations.csv column that has one: a rank or linear correlation (τ, ρ, r, ψ and
+    their interval ends) in [-1, 1], a p-value in [0, 1]; None for the other columns."""
+    base = column.removesuffix("_lo").removesuffix("_hi")
+    if base in ("kendall_tau", "spearman_rho", "pearson_r", "psi") or column.startswith("psi_"):
+        return -1.0, 1.0, "a correlation"
+    if column == "kendall_p" or column.startswith("p_") or column.endswith(("_p", "_p_holm")):
+        return 0.0, 1.0, "a p-value"
+    return None
+
+
+def _float(text: str) -> float | None:
     try:
-        float(text)
+        return float(text)
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def compare_studies(exp_dirs: list[Path], out_dir: Path) -> ComparisonSummary:

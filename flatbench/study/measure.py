@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from flatbench.config import Study
 from flatbench.errors import Echo
 from flatbench.measures.registry import resolve_names
-from flatbench.measures.runner import TargetPlan, measure_plans, measure_run, plan_measures, plan_target
+from flatbench.measures.runner import (TargetPlan, io_failure, measure_plans, measure_run, plan_measures,
+                                       plan_target)
 from flatbench.measures.targets import Target, measure_targets
 from flatbench.store import folder_lock, missing_model, run_dir, run_info_or_problem
 from flatbench.study.spec import check_study, shard_runs, show_progress
@@ -166,10 +167,13 @@ def _worker_measure(target: Any, names: list[str], cfg: Any, device: str, force:
     """A worker process's job: measure one model; returns its report, seconds and output lines (for the
     parent to echo)."""
     lines: list[str] = []
-    with folder_lock(target.where):
-        t0 = time.perf_counter()
-        report = measure_run(target, names, cfg, torch.device(device), force=force,
-                             echo=None if quiet else lines.append)
+    t0 = time.perf_counter()
+    try:
+        with folder_lock(target.where):
+            report = measure_run(target, names, cfg, torch.device(device), force=force,
+                                 echo=None if quiet else lines.append)
+    except OSError as exc:  # as in this process (`runner.measure_plans`): this model failed, the others go on
+        report = io_failure(target, exc, len(names), None if quiet else lines.append)
     return report, time.perf_counter() - t0, lines
 
 

@@ -16,7 +16,9 @@ from flatbench.errors import ConfigError, FlatbenchError
 from flatbench.measures.keys import parse_key
 from flatbench.measures.registry import get_measure
 from flatbench.measures.stale import drop_stale
+from flatbench.study.kept import kept_on_failure
 from flatbench.study.spec import check_output_dir, read_saved_study
+from flatbench.study.validity import finished_run_problem
 
 
 def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | None = None,
@@ -68,6 +70,7 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         raise FlatbenchError(f"{len(damaged)} damaged file(s), e.g. {damaged[0]}: run `flatbench measure` on the "
                              "experiment to repair measures.json files (their readable entries are kept), or "
                              "move the damaged run away; the report was not written")
+    check_runs_valid(records)
     stale = []
     if not cfg.include_stale:
         stale = [rec for rec in records if current.get(rec.path.parent.parent) is not None
@@ -87,11 +90,12 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         check_one_setting(recs, f" (snapshots at train loss {level:g})")
     echo(f"building the report from {len(records)} runs"
          + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
-    if statistics_only:
-        write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale, snapshots=levels)
-        return None
-    inputs = ReportInputs(records, stale, _measure_info(records), levels)
-    return write_report(exp_dirs, out, cfg, inputs=inputs, seed=seed, quiet=quiet, echo=echo)
+    with kept_on_failure(out):  # a report that fails part-way (a full disk) leaves the previous one whole
+        if statistics_only:
+            write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale, snapshots=levels)
+            return None
+        inputs = ReportInputs(records, stale, _measure_info(records), levels)
+        return write_report(exp_dirs, out, cfg, inputs=inputs, seed=seed, quiet=quiet, echo=echo)
 
 
 def check_regular_files(exp: Path) -> None:
@@ -111,6 +115,28 @@ def check_regular_files(exp: Path) -> None:
         problem = store.file_problem(path)
         if problem:
             raise FlatbenchError(f"{path} is damaged ({problem}); {fixes[path.name]}; the report was not written")
+
+
+def check_runs_valid(records: list) -> None:
+    """Refuse a report built from a run that `flatbench status` calls damaged (`study.validity`: a run.json
+    copied, linked or edited so that it describes another run than its folder's, a model.pt that is not the
+    file its run wrote) or from one run.json counted twice (a run folder linked into two experiments): one
+    line naming the runs, nothing written."""
+    bad, seen = [], {}
+    for rec in records:
+        if rec.info.get("status") != "finished":
+            continue
+        problem = finished_run_problem(rec.path, rec.info, need_model=False)
+        real = (rec.path / store.RUN_JSON).resolve()
+        if problem is None and real in seen:
+            problem = f"{rec.path} is {seen[real]} again (linked or copied folder): it would count twice"
+        seen.setdefault(real, rec.path)
+        if problem:
+            bad.append((rec.path.name, problem))
+    if bad:
+        names = ", ".join(name for name, _ in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise FlatbenchError(f"{len(bad)} damaged run(s) ({names}), e.g. {bad[0][1]}: `flatbench status` lists "
+                             "them as damaged; move them away or retrain them; the report was not written")
 
 
 def _distinct(paths: list[Path]) -> list[Path]:

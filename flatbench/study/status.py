@@ -7,17 +7,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from flatbench.config import run_config_from_dict
-from flatbench.errors import CheckpointError, FlatbenchError
+from flatbench.errors import FlatbenchError
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import get_measure, resolve_names
 from flatbench.measures.runner import DONE, FAILED
 from flatbench.measures.targets import read_entries
 from flatbench.measures.stale import stale_keys
-from flatbench.store import (MODEL_FILE, RUN_JSON, RunLock, check_model_hash, load_run_info, run_dir,
-                             run_json_problem)
+from flatbench.store import RUN_JSON, RunLock, load_run_info, run_dir, run_json_problem
 from flatbench.study.cluster import EXECUTORS
 from flatbench.study.spec import read_saved_study, stale_run_ids
+from flatbench.study.validity import finished_run_problem
 
 
 STATES = ("finished", "running", "preempted", "failed", "damaged", "not_started")
@@ -49,21 +48,9 @@ def run_state(run_path: Path) -> tuple[str, str | None]:
         return "damaged", str(exc)
     status = info.get("status")
     if status == "finished":
-        if not (run_path / MODEL_FILE).is_file():
-            return "damaged", f"{run_path / MODEL_FILE} is missing"
-        try:
-            check_model_hash(run_path, info)
-        except CheckpointError as exc:
-            return "damaged", str(exc)
-        try:
-            stored = run_config_from_dict(info["config"])
-        except FlatbenchError as exc:
-            return "damaged", f"{run_path / RUN_JSON} holds an invalid config ({exc})"
-        if stored.run_id() != run_path.name:
-            return "damaged", f"{run_path / RUN_JSON} describes run {stored.run_id()}, not {run_path.name}"
-        for snap in info.get("snapshots") or []:
-            if not (run_path / snap["path"] / MODEL_FILE).is_file():
-                return "damaged", f"{run_path / snap['path'] / MODEL_FILE} (a snapshot run.json lists) is missing"
+        problem = finished_run_problem(run_path, info)
+        if problem:
+            return "damaged", problem
         return "finished", None
     if held:
         return "running", None

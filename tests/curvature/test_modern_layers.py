@@ -315,7 +315,7 @@ def hvp_entries(name: str, mode: str) -> pd.DataFrame:
     return measure(name, ["hessian_max_eig", "hessian_trace", "hessian_density", *rangamani], mode,
                    settings={"hessian_max_eig": {"k": 3, **LANCZOS},
                              "hessian_trace": HUTCHPP,
-                             "hessian_density": {**DENSITY[mode], "grid": 20},
+                             "hessian_density": {**DENSITY[mode], "grid": 20, "sigma": 0.1},
                              "scale_invariant_rangamani": {"tol": 1e-12, "max_iter": 300}})
 
 
@@ -377,7 +377,7 @@ def test_hutchpp_trace(name: str, mode: str) -> None:
 def density_extremes(name: str) -> pd.DataFrame:
     """The density from one start vector with as many Lanczos steps as parameters: the Krylov space is
     exhausted, so its extreme nodes are the extreme eigenvalues."""
-    exhausted = {"runs": 1, "iters": case(name).size, "grid": 20}
+    exhausted = {"runs": 1, "iters": case(name).size, "grid": 20, "sigma": 0.1}
     return measure(name, ["hessian_density"], settings={"hessian_density": exhausted})
 
 

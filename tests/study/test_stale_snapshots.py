@@ -12,6 +12,19 @@ import pytest
 from test_report import write_experiment
 
 
+def _with_real_ids(exp):
+    """Name each synthetic run folder by the run id of the config its run.json holds (the report refuses a
+    folder whose run.json describes another run: `study.validity`)."""
+    from flatbench.config import run_config_from_dict
+
+    for run in sorted((exp / "runs").iterdir()):
+        info = json.loads((run / "run.json").read_text())
+        info["run_id"] = run_config_from_dict(info["config"]).run_id()
+        (run / "run.json").write_text(json.dumps(info))
+        run.rename(run.with_name(info["run_id"]))
+    return exp
+
+
 def _with_snapshots(exp, plugin, sha):
     """Give every run of `exp` a snapshot at train loss 0.5 whose measures.json holds `tracks` (copied from
     the final model's) and the plugin measure `versioned` recorded with plugin hash `sha`."""
@@ -36,7 +49,7 @@ def test_a_stale_plugin_entry_is_left_out_at_every_snapshot_level(tmp_path, edit
     plugin = tmp_path / "versioned.py"
     plugin.write_text("VERSION = 1\n")
     recorded = hashlib.sha256(plugin.read_bytes()).hexdigest()
-    exp = write_experiment(tmp_path, "exp")
+    exp = _with_real_ids(write_experiment(tmp_path, "exp"))
     _with_snapshots(exp, plugin, recorded)
     if edited:
         plugin.write_text("VERSION = 2\n")  # every recorded entry is now of the old file

@@ -13,6 +13,7 @@ from typing import Any
 
 from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DENSE_MAX_PARAMS, DENSITY_DEFAULTS, HUTCHPP_DEFAULTS,
                                  DiagonalResult, per_layer_traces)
+from flatbench.errors import FlatbenchError
 from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 from flatbench.measures.registry import setting_range
@@ -52,7 +53,20 @@ MAX_EIG_HELP = {
 TRACE_RULES = {"method": ("in", TRACE_METHODS), "probes": ("min", 1), "exact_max_params": ("min", 0),
                "rtol": ("gt", 0), "max_hvps": ("min", 1), "sketch": ("min", 0), "max_sketch": ("min", 0)}
 MAX_EIG_RULES = {"iters": ("min", 1), "tol": ("gt", 0), "k": ("min", 1), "per": ("in", PER_CHOICES)}
-DENSITY_RULES = {"runs": ("min", 1), "iters": ("min", 1), "grid": ("min", 2), "sigma": ("gt", 0)}
+DENSITY_RULES = {"runs": ("min", 1), "iters": ("min", 1), "grid": ("range", (2, 100_000)), "sigma": ("gt", 0)}
+
+
+def check_density(settings: dict[str, Any]) -> None:
+    """DENSITY_RULES, and a broadening no finer than the grid's spacing: sampled more coarsely than its σ, the
+    Gaussian-broadened density no longer integrates to 1 (its peaks fall between grid points)."""
+    setting_range("hessian_density", settings, DENSITY_RULES)
+    grid = int(settings.get("grid", DENSITY_DEFAULTS["grid"]))
+    sigma = float(settings.get("sigma", DENSITY_DEFAULTS["sigma"]))
+    finest = 1.1 / (grid - 7) if grid > 7 else 1.0  # the spacing (1.1 width + 6σ) / (grid − 1) ≤ σ·width
+    if sigma < finest:
+        raise FlatbenchError(f"measure.settings.hessian_density.sigma: {sigma:g} is finer than the grid's spacing "
+                             f"({grid} points need sigma ≥ {finest:.3g}): the density would not integrate to 1; "
+                             "raise sigma or grid")
 
 
 def _setting(ctx: MeasureContext, defaults: dict[str, Any], key: str) -> Any:
@@ -223,8 +237,9 @@ DENSITY_HELP = {
             "degrees of freedom) are over them; integer ≥ 1",
     "iters": "Lanczos steps per run (HVPs: runs × iters; fewer where the Krylov space is exhausted); moments up "
              "to degree 2·iters − 1 are unbiased; integer ≥ 1",
-    "grid": "points of the density's grid (from below λ_min to above λ_max); integer ≥ 2",
-    "sigma": "Gaussian broadening, a fraction of the spectrum's width λ_max − λ_min; > 0"}
+    "grid": "points of the density's grid (from below λ_min to above λ_max); integer in [2, 100000]",
+    "sigma": "Gaussian broadening, a fraction of the spectrum's width λ_max − λ_min; > 0, and at least "
+             "1.1 / (grid − 7): no finer than the grid's spacing"}
 
 
 @register_measure(
@@ -234,7 +249,7 @@ DENSITY_HELP = {
                 "Gaussian-broadened density on a grid in info; asked for by name (not in `all`)",
     invariant_to=(), cost="hessian", uses_loss=True, defaults=DENSITY_DEFAULTS, stochastic=True,
     precision="float32", settings_help=DENSITY_HELP, in_all=False,
-    check=lambda s: setting_range("hessian_density", s, DENSITY_RULES))
+    check=check_density)
 def hessian_density(ctx: MeasureContext) -> MeasureOutput:
     """The eigenvalue distribution of H, (1/d) Σ_j δ(t − λ_j), by `runs` Lanczos quadratures of `iters` steps
     (`curvature.density`). Values: `hessian_density` the mean eigenvalue Tr H / d, `/m2` the mean squared
