@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -456,6 +457,24 @@ def factory_case(factory: str, data: str, *, checkpoint: str | None = None, n_ex
                     trial_forward(case.model, case.inputs, case.targets, get_loss("ce")))
 
 
+
+def _check_plot_path(plot: str | os.PathLike) -> None:
+    """Refuse a `--plot` path the PNG cannot be written to before anything is computed (after, the measures'
+    minutes would be lost to a folder or a link in the way)."""
+    path = Path(plot)
+    if not str(plot).lower().endswith(".png"):
+        raise FlatbenchError(f"--plot must name a .png file, got {str(plot)!r}")
+    if path.is_dir():
+        raise FlatbenchError(f"--plot {str(plot)!r} is a folder: name a .png file to write (e.g. "
+                             f"{str(path / 'spectrum.png')!r})")
+    if path.is_symlink():
+        raise FlatbenchError(f"--plot {str(plot)!r} is a link: flatbench writes its own file there, remove the link")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise FlatbenchError(f"--plot {str(plot)!r}: {str(parent)!r} is a file, not a folder")
+            break
+
 def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
                   measures: list[str] | None = None, out: str | None = None, device: str = "cpu",
                   dtype: str = "float64", plugins: list[str] | tuple[str, ...] = (), seed: int = 0,
@@ -470,8 +489,8 @@ def measure_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     into that PNG (its path in `df.attrs["plot"]`). Returns (the DataFrame of `measure`, the output folder
     as a Path or None)."""
     check_dataset_name(data)
-    if plot is not None and not str(plot).lower().endswith(".png"):
-        raise FlatbenchError(f"--plot must name a .png file, got {plot!r}")
+    if plot is not None:
+        _check_plot_path(plot)
     if dtype not in ("float64", "float32"):
         raise FlatbenchError(f"--dtype must be float64 or float32, got {dtype!r}")
     model, x, y = factory_model(factory, data, checkpoint=checkpoint, n_examples=n_examples, seed=seed)

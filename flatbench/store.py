@@ -17,6 +17,7 @@ into that folder removes it, once its writer is known dead (`sweep_temporaries`)
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -102,8 +103,14 @@ def sweep_temporaries(folder: str | os.PathLike) -> list[Path]:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that readers see either the old file or the whole new one. The first write
     into a folder in a process also removes the temporaries a killed writer left there, so a resumed stage
-    leaves the folder as an uninterrupted one would."""
+    leaves the folder as an uninterrupted one would. A symbolic link at `path` is refused (an OSError, so the
+    measure stage names that run's failure and goes on): replacing it would silently cut the link, and
+    writing through it would overwrite what it points to, another run's file perhaps."""
     path = Path(path)
+    if path.is_symlink():
+        raise OSError(errno.ELOOP, f"a link ({os.readlink(path)}) where flatbench writes a file of its own: "
+                      "writing would either replace the link or change the file it points to; put a copy "
+                      "or nothing in its place", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     folder = str(path.parent.resolve())
     if folder not in _swept:
@@ -320,7 +327,13 @@ def check_model_hash(run_path: str | os.PathLike, info: dict, model_file: Path |
 
 
 def runs_dir(exp_dir: str | os.PathLike) -> Path:
-    return Path(exp_dir) / RUNS_DIR
+    """The experiment's folder of run folders; a file in its place is bad input for every stage (one line,
+    exit 2), not a study with no runs."""
+    path = Path(exp_dir) / RUNS_DIR
+    if path.exists() and not path.is_dir():
+        raise FlatbenchError(f"{path} is a file, not the folder of the experiment's runs: move it away (the "
+                             "runs it held are not there)")
+    return path
 
 
 def run_dir(exp_dir: str | os.PathLike, run_id: str) -> Path:

@@ -453,3 +453,51 @@ def test_every_measure_setting_the_docs_name_exists():
                     wrong.append(f"{path.relative_to(root)}: {name}.{key}")
     assert named, "no setting found in the docs: the pattern is wrong"
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("stage", ["measure", "report", "status"])
+def test_runs_replaced_by_a_file_is_bad_input(exp, stage):
+    shutil.rmtree(exp / "runs")
+    (exp / "runs").write_text("not a folder")
+    one_line(in_process(stage, str(exp)), "is a file, not the folder of the experiment's runs")
+
+
+@pytest.mark.parametrize("name", ["measures.json"])
+def test_a_linked_result_file_is_neither_replaced_nor_written_through(exp, tmp_path, name):
+    """A link where flatbench writes a file of its own: that run's failure, named; the link and the file it
+    points to unchanged, the other runs measured."""
+    bad, *good = _runs(exp)
+    elsewhere = tmp_path / f"elsewhere-{name}"
+    elsewhere.write_bytes((bad / name).read_bytes())
+    (bad / name).unlink()
+    (bad / name).symlink_to(elsewhere)
+    before = elsewhere.read_bytes()
+    for run in good:
+        entries = json.loads((run / "measures.json").read_text())
+        entries.pop("spectral_norm", None)
+        (run / "measures.json").write_text(json.dumps(entries))
+    result = in_process("measure", str(exp), "--measures", "frobenius_norm,spectral_norm", "--force",
+                        "--device", "cpu", "--quiet")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert bad.name in result.stderr and "link" in result.stderr, result.stderr
+    assert (bad / name).is_symlink() and elsewhere.read_bytes() == before
+    for run in good:
+        assert "spectral_norm" in json.loads((run / "measures.json").read_text())
+
+
+@pytest.mark.parametrize("where", ["folder", "file parent"])
+def test_plot_onto_a_folder_is_refused_before_anything_is_computed(tmp_path, monkeypatch, where):
+    import flatbench.api as api
+
+    monkeypatch.setattr(api, "measure_records", lambda *a, **k: pytest.fail("measured before the refusal"))
+    if where == "folder":
+        target = tmp_path / "spectrum.png"
+        target.mkdir()
+        said = "is a folder"
+    else:
+        (tmp_path / "notes").write_text("")
+        target = tmp_path / "notes" / "spectrum.png"
+        said = "is a file, not a folder"
+    line = one_line(in_process("measure-model", "flatbench.models:build_model", "--data", "mnist_mini",
+                               "--plot", str(target), "--n-examples", "16"), said, str(target))
+    assert ".tmp" not in line
