@@ -16,7 +16,6 @@ into that folder removes it, once its writer is known dead (`sweep_temporaries`)
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import io
@@ -29,7 +28,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -103,14 +102,12 @@ def sweep_temporaries(folder: str | os.PathLike) -> list[Path]:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that readers see either the old file or the whole new one. The first write
     into a folder in a process also removes the temporaries a killed writer left there, so a resumed stage
-    leaves the folder as an uninterrupted one would. A symbolic link at `path` is refused (an OSError, so the
-    measure stage names that run's failure and goes on): replacing it would silently cut the link, and
-    writing through it would overwrite what it points to, another run's file perhaps."""
+    leaves the folder as an uninterrupted one would. A link at `path` is refused (an OSError: one run's failure):
+    replacing it cuts the link; writing through it overwrites what it points to, perhaps another run's file."""
     path = Path(path)
     if path.is_symlink():
-        raise OSError(errno.ELOOP, f"a link ({os.readlink(path)}) where flatbench writes a file of its own: "
-                      "writing would either replace the link or change the file it points to; put a copy "
-                      "or nothing in its place", str(path))
+        raise OSError(errno.ELOOP, f"a link ({os.readlink(path)}) where flatbench writes a file of its own: put a "
+                      "copy or nothing in its place", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     folder = str(path.parent.resolve())
     if folder not in _swept:
@@ -327,12 +324,10 @@ def check_model_hash(run_path: str | os.PathLike, info: dict, model_file: Path |
 
 
 def runs_dir(exp_dir: str | os.PathLike) -> Path:
-    """The experiment's folder of run folders; a file in its place is bad input for every stage (one line,
-    exit 2), not a study with no runs."""
+    """The folder of run folders; a file in its place is bad input (exit 2), not a study with no runs."""
     path = Path(exp_dir) / RUNS_DIR
     if path.exists() and not path.is_dir():
-        raise FlatbenchError(f"{path} is a file, not the folder of the experiment's runs: move it away (the "
-                             "runs it held are not there)")
+        raise FlatbenchError(f"{path} is a file, not the folder of the experiment's runs: move it away")
     return path
 
 
@@ -499,114 +494,3 @@ def missing_model(run_path: str | os.PathLike, info: dict | None = None) -> str 
         return None
     return (f"{path / MODEL_FILE} is missing although the run finished (deleted or moved?); restore it, or "
             "move the run folder away to retrain it")
-
-
-@contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, blocking: bool = True) -> Iterator[bool]:
-    """An exclusive lock on a folder (flock on the folder itself: no file is left behind, and the kernel
-    releases it when the holding process dies, even by kill -9). Yields True when held; with
-    `blocking=False` yields False at once if another process holds it. Where a folder cannot be locked
-    (some network file systems), a lock file `.measures.lock` in it is locked instead."""
-    import fcntl  # lazy: POSIX only; the rest of store imports on any platform
-
-    folder = Path(folder)
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # can this file system lock a folder at all?
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except BlockingIOError:
-        pass  # it can, and someone holds it: wait for it (or not) below
-    except OSError:
-        try:
-            os.close(fd)
-        except (OSError, UnboundLocalError):
-            pass
-        fd = os.open(folder / ".measures.lock", os.O_CREAT | os.O_RDWR, 0o666 & ~_UMASK)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-LOCK_FILE = ".lock"
-
-
-class RunLocked(FlatbenchError):
-    """Another live process holds this run's lock."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class RunLock:
-    """A lock file `<run>/.lock` holding `host pid`, so two jobs never train the same run at once.
-
-    A lock left by a dead process on this host is stale and taken over; a lock from another host is
-    honoured (its process cannot be checked from here) unless it is older than `stale_after` seconds.
-    """
-
-    def __init__(self, run_path: str | os.PathLike, stale_after: float = 24 * 3600):
-        self.path = Path(run_path) / LOCK_FILE
-        self.stale_after = stale_after
-        self.held = False
-
-    def is_stale(self) -> bool:
-        try:
-            host, pid = self.path.read_text().split()[:2]
-            age = time.time() - self.path.stat().st_mtime
-        except (OSError, ValueError):
-            return True
-        if host == socket.gethostname():
-            return not _pid_alive(int(pid)) or int(pid) == os.getpid()
-        return age > self.stale_after
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                if self.is_stale():
-                    try:
-                        os.unlink(self.path)
-                    except FileNotFoundError:
-                        pass
-                    continue
-                owner = self.path.read_text().strip() if self.path.exists() else "?"
-                raise RunLocked(f"run {self.path.parent.name} is being trained by another process "
-                                f"({owner}); remove {self.path} if that process is gone") from None
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{socket.gethostname()} {os.getpid()}\n")
-            self.held = True
-            return
-        raise RunLocked(f"could not lock {self.path.parent.name}")
-
-    def release(self) -> None:
-        if self.held:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            self.held = False
-
-    def __enter__(self) -> "RunLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

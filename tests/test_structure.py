@@ -21,7 +21,7 @@ FLOORS = {
     "flatbench.measures": 4, "flatbench.analysis": 4,
     "flatbench.training": 3, "flatbench.curvature": 3, "flatbench.rescale": 3,
     "flatbench.data": 2, "flatbench.models": 2, "flatbench.npz": 1,
-    "flatbench.config": 1, "flatbench.store": 1, "flatbench.figure_png": 1, "flatbench.losses": 1,
+    "flatbench.config": 1, "flatbench.store": 1, "flatbench.locks": 1, "flatbench.figure_png": 1, "flatbench.losses": 1,
     "flatbench.errors": 0, "flatbench.seeding": 0, "flatbench.userspec": 0, "flatbench": 0,
 }
 PUBLIC_API = {"flatbench.api", "flatbench.verification", "flatbench.measures.plugin", "flatbench.measures.registry"}

@@ -54,7 +54,8 @@ from flatbench.measures.registry import (
 from flatbench.measures.shared import prime_hessian_diagonals
 from flatbench.measures.targets import Target, as_target, model_hash, not_a_file, read_entries
 from flatbench.models import load_model
-from flatbench.store import atomic_write_json, folder_lock, is_finished, json_problem, load_run_info
+from flatbench.locks import folder_lock
+from flatbench.store import atomic_write_json, is_finished, json_problem, load_run_info
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DONE = ("ok", "not_applicable")
@@ -516,7 +517,7 @@ def measure_plans(plans: list[TargetPlan], cfg: MeasureConfig, device: torch.dev
                   done: Callable[[Target, MeasureReport, float], None], echo: Callable[[str], None] | None = None,
                   on_entry: Callable[[str, str], None] | None = None) -> None:
     """The compute loop of a stage's plan, in this process: each model under its folder's lock
-    (`store.folder_lock`), `done(target, report, seconds)` after each. Same-architecture MLPs get their
+    (`locks.folder_lock`), `done(target, report, seconds)` after each. Same-architecture MLPs get their
     Hessian diagonals computed as groups where `measure.group_runs` asks (`grouped_contexts`). A model that
     another process holds is measured after the others, on what that process wrote."""
     use_groups = cfg.group_runs == "on" or (cfg.group_runs == "auto" and device.type == "cuda")

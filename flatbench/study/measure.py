@@ -2,7 +2,7 @@
 and snapshots, each result cached in its measures.json (`flatbench.measures.runner`).
 
 Two `measure` processes may work on one study at once (other `--measures`, another shard, a second job):
-each model's folder is locked (`store.folder_lock`) while its measures.json is read, computed into and
+each model's folder is locked (`locks.folder_lock`) while its measures.json is read, computed into and
 written, so one process never rewrites the file from what it read before the other wrote. A model that
 another process holds is measured after the others, from what that process wrote. A run whose run.json
 is damaged is recorded as not measurable and the others are measured."""
@@ -24,7 +24,8 @@ from flatbench.measures.registry import resolve_names
 from flatbench.measures.runner import (TargetPlan, io_failure, measure_plans, measure_run, plan_measures,
                                        plan_target)
 from flatbench.measures.targets import Target, measure_targets
-from flatbench.store import folder_lock, missing_model, run_dir, run_info_or_problem
+from flatbench.locks import folder_lock
+from flatbench.store import missing_model, run_dir, run_info_or_problem
 from flatbench.study.spec import check_study, shard_runs, show_progress
 from flatbench.study.workers import run_jobs
 

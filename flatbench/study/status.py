@@ -13,7 +13,8 @@ from flatbench.measures.registry import get_measure, resolve_names
 from flatbench.measures.runner import DONE, FAILED
 from flatbench.measures.targets import read_entries
 from flatbench.measures.stale import stale_keys
-from flatbench.store import RUN_JSON, RunLock, load_run_info, run_dir, run_json_problem
+from flatbench.locks import RunLock
+from flatbench.store import RUN_JSON, load_run_info, run_dir, run_json_problem
 from flatbench.study.cluster import EXECUTORS
 from flatbench.study.spec import read_saved_study, stale_run_ids
 from flatbench.study.validity import finished_run_problem

@@ -11,8 +11,9 @@ import torch
 
 from flatbench.config import Study
 from flatbench.errors import Echo, FlatbenchError
-from flatbench.store import (RUN_JSON, STUDY_FILE, RunLocked, atomic_write_json, atomic_write_text, is_finished,
-                             read_json, run_dir)
+from flatbench.locks import RunLocked
+from flatbench.store import (RUN_JSON, STUDY_FILE, atomic_write_json, atomic_write_text, is_finished, read_json,
+                             run_dir)
 from flatbench.study.spec import check_output_dir, check_runs_data, check_study, shard_runs, show_progress, study_text
 from flatbench.study.workers import run_jobs
 from flatbench.training import (Preempted, StopFlag, TrainOutcome, WorkerReport, check_run_dir, plan_groups,

@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 
 from flatbench.config import RunConfig
 from flatbench.data import load_dataset
-from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOTS_DIR, RunLock, atomic_torch_save,
-                             atomic_write_json, file_sha256, read_json)
+from flatbench.locks import RunLock
+from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOTS_DIR, atomic_torch_save, atomic_write_json,
+                             file_sha256, read_json)
 from flatbench.training.crossing import back_to, crossed, end_check, keep_start, record_stop, seek_crossing
 from flatbench.training.endpoint import (check_finite_loss, endpoint_summary, epoch_record, evaluate,
                                          progress_fields, reached_endpoint, target_met)

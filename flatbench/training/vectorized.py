@@ -54,7 +54,8 @@ from flatbench.config import RunConfig
 from flatbench.data import load_dataset
 from flatbench.errors import Echo
 from flatbench.seeding import augment_generator, batch_generator
-from flatbench.store import CHECKPOINT_FILE, RUN_JSON, RunLock, RunLocked, atomic_write_json, run_dir
+from flatbench.locks import RunLock, RunLocked
+from flatbench.store import CHECKPOINT_FILE, RUN_JSON, atomic_write_json, run_dir
 from flatbench.training.batches import augment_batch, epoch_batches
 from flatbench.training.crossing import crossed, end_check, record_stop, seek_crossing
 from flatbench.training.endpoint import (EpochStats, TrainingDiverged, check_finite_loss, epoch_record,

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from flatbench.config import parse_study
-from flatbench.store import RunLock, atomic_write_json, read_json
+from flatbench.locks import RunLock
+from flatbench.store import atomic_write_json, read_json
 from flatbench.models import load_model
 from flatbench.training import train_run
 
@@ -283,7 +284,7 @@ def test_nonfinite_floats_round_trip_as_strings(tmp_path):
 def test_run_lock_excludes_a_second_holder_and_takes_over_stale_locks(tmp_path):
     with RunLock(tmp_path):
         other = subprocess.run([sys.executable, "-c",
-                                "from flatbench.store import RunLock; RunLock(r'%s').acquire()" % tmp_path],
+                                "from flatbench.locks import RunLock; RunLock(r'%s').acquire()" % tmp_path],
                                capture_output=True, text=True)
         assert other.returncode != 0 and "RunLocked" in other.stderr
     assert not (tmp_path / ".lock").exists()
