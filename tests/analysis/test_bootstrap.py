@@ -74,7 +74,7 @@ def copy_pairs(cells, draws, w, v, resample_draws):
 def test_resampled_tau_is_tau_over_the_pairs_of_distinct_copies(n_draws):
     """Every τ* of `Resamples` is τ-b over the pairs of the resampled data set (w_c·v_d copies of run (c, d))
     that are not two copies of one configuration or of one draw, with their weights, written out pair by
-    pair."""
+    pair; only pairs of runs of one draw count (τ stratified by draw, issue 42)."""
     rng = np.random.default_rng(1)
     design = crossed({"train.lr": 3, "data.n_train": 2}, n_draws=n_draws)
     n = len(design)
@@ -87,6 +87,8 @@ def test_resampled_tau_is_tau_over_the_pairs_of_distinct_copies(n_draws):
     for b in range(30):
         num = dx = dy = 0.0
         for i, j, k in copy_pairs(d.cells, d.draws, w[b], v[b], n_draws >= 5):
+            if d.draws[i] != d.draws[j]:
+                continue
             sx, sy = np.sign(measure[i] - measure[j]), np.sign(gap[i] - gap[j])
             num, dx, dy = num + k * sx * sy, dx + k * abs(sx), dy + k * abs(sy)
         ref = num / math.sqrt(dx * dy) if dx and dy else math.nan
