@@ -157,7 +157,7 @@ def verdict_table(ctx: Any) -> Table:
     sizes = {m: {r.per_model.get(m, (math.nan, 0))[1] for r in verdict.rows} for m in models}
     same = {m: len(sizes[m]) == 1 for m in models}
     name = tau_name(ctx.analysis)
-    headers = ["#", "measure", "family", "n", f"{name} [95% CI]", "vs best (Holm p)", "pooled τ", "within-cell τ",
+    headers = ["#", "measure", "family", "n", f"Kendall {name} [95% CI]", "vs best (Holm p)", "pooled τ", "within-cell τ",
                "vs ref.hyperparameters (Δτ [95% CI])", "Ψ",
                *[f"ψ {short_axis(a)}" for a in axes], "CMI", "sign error mean", "sign error worst",
                "audit: largest |Δτ|",
@@ -237,7 +237,7 @@ def explanation(ctx: Any) -> str:
             "breaks, moves, unchanged, with the largest |Δτ|; the audit section has Δτ per draw"
             + (" and per model" if models else "") + "). The last rows are the floor (`ref.random`: pure-noise "
             "measures, its 95% band) and the ceiling (`ref.replicate_gap`: the gap of the other replicates), after the "
-            "baseline `ref.hyperparameters` and the lookups on one axis (`ref.axis.<axis>`).")
+            "baseline `ref.hyperparameters` and the lookups on one axis (`ref.axis.*`).")
 
 
 def verdict_block(doc: Document, ctx: Any) -> None:

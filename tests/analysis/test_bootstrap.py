@@ -100,10 +100,11 @@ def test_pairs_of_copies_would_bias_tau_toward_the_within_configuration_tau():
     replicates backwards (it is the other replicate's gap). Counting pairs across copies of a configuration
     (the plain quadratic form W_i·W_j) doubles the within-configuration pairs on average and drags τ* far
     below τ; over pairs of distinct copies, weighted so that every pair has the same expected weight, the
-    resamples centre on τ and the interval holds it."""
+    resamples centre on τ and the interval holds it. The two replicates are two seeds of one data draw (τ
+    over all pairs; with two draws the headline τ would leave the replicate pairs out, issue 42)."""
     from flatbench.analysis.stats import weighted_kendall
 
-    cells, draws = np.repeat(np.arange(11), 2), np.tile([0, 1], 11)
+    cells, draws = np.repeat(np.arange(11), 2), np.zeros(22, dtype=np.int64)
     gap = cells * 1.0 + np.tile([0.0, 0.1], 11)
     measure = cells * 1.0 + np.tile([0.1, 0.0], 11)
     tau = sps.kendalltau(measure, gap).statistic

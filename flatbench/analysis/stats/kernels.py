@@ -308,6 +308,8 @@ def kendall_permutation_pvalues(x: np.ndarray, y: np.ndarray, n_perm: int = N_PE
     if many_strata(strata):
         perms, enumerated = _strata_permutations(np.asarray(strata), int(n_perm), seed), False
         iu, ju = strata_pairs(np.asarray(strata))
+        if not len(iu):  # no two runs share a stratum: nothing to test
+            return out
     else:
         perms, enumerated = _permutations(n, int(n_perm), seed)
         iu, ju = np.triu_indices(n, 1)
