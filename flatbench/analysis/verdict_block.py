@@ -158,7 +158,7 @@ def verdict_table(ctx: Any) -> Table:
     same = {m: len(sizes[m]) == 1 for m in models}
     name = tau_name(ctx.analysis)
     headers = ["#", "measure", "family", "n", f"Kendall {name} [95% CI]", "vs best (Holm p)", "pooled τ", "within-cell τ",
-               "vs ref.hyperparameters (Δτ [95% CI])", "Ψ",
+               "vs baseline: Δτ", "Ψ",
                *[f"ψ {short_axis(a)}" for a in axes], "CMI", "sign error mean", "sign error worst",
                "audit: largest |Δτ|",
                *[f"τ `{m}`" + (f" (n {next(iter(sizes[m]))})" if same[m] else "") for m in models]]
@@ -228,8 +228,9 @@ def explanation(ctx: Any) -> str:
             f"({ctx.analysis.resampling or 'no resampling'}); (−): smaller values are the sharper ones, negated. vs "
             "best: Holm-adjusted paired comparison with the highest τ. Pooled τ: over every pair of runs, across "
             "draws. Within-cell τ: over the pairs of runs of one configuration (they differ only in their seed or "
-            "draw). vs ref.hyperparameters: τ − τ of the hyperparameter lookup (each configuration's mean gap in "
-            "the other draws) on the same resamples; beats: its 95% interval lies above 0. Ψ, ψ: granulated "
+            "draw). vs baseline: Δτ = τ − τ of `ref.hyperparameters`, the hyperparameter lookup (each "
+            "configuration's mean gap in the other draws), on the same resamples; beats: its 95% interval "
+            "(correlations.csv) lies above 0. Ψ, ψ: granulated "
             "Kendall (τ within blocks "
             "that differ in one axis only; * below 0.05 after Holm's correction), red below 0, blue above. CMI: "
             "Jiang et al.'s conditional mutual information. Sign error: Dziugaite et al.'s, mean and worst "

@@ -86,10 +86,10 @@ def baseline_text(analysis: Any, rows: list[dict[str, Any]]) -> str:
 
 
 def beats_cell(stats: dict[str, Any]) -> str:
-    """"beats (+0.12 [0.03, 0.20])", "no (−0.05 [−0.11, 0.01])", "" without a comparison."""
+    """"beats +0.12" / "no −0.05": the label and Δτ against ref.hyperparameters ("" without a comparison); its
+    interval is in correlations.csv (`vs_hyperparameters_lo`, `_hi`), kept out of the cell so that the verdict
+    table fits a 1440 px screen."""
     diff = to_float(stats.get("vs_hyperparameters"))
     if not math.isfinite(diff):
         return ""
-    lo, hi = to_float(stats.get("vs_hyperparameters_lo")), to_float(stats.get("vs_hyperparameters_hi"))
-    interval = f" [{num(lo)}, {num(hi)}]" if math.isfinite(lo) else ""
-    return f"{'beats' if bool(stats.get('beats_hyperparameters')) else 'no'} ({'+' if diff >= 0 else ''}{num(diff)}{interval})"
+    return f"{'beats' if bool(stats.get('beats_hyperparameters')) else 'no'} {'+' if diff >= 0 else ''}{num(diff)}"
