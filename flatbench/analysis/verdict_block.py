@@ -136,7 +136,8 @@ def _label(row: Row, verdict: Verdict, rank: int) -> str:
 
 def _tau_cells(stats: Mapping[str, Any]) -> list[str]:
     """Pooled τ, within-cell τ and the comparison with ref.hyperparameters."""
-    return [num(stats.get("kendall_tau_pooled")), num(stats.get("kendall_tau_within_cell")), beats_cell(dict(stats))]
+    return [f'{num(stats.get("kendall_tau_pooled"))} / {num(stats.get("kendall_tau_within_cell"))}',
+            beats_cell(dict(stats))]
 
 
 def _psi_cell(stats: Mapping[str, Any], axis: str, reference: bool) -> str:
@@ -157,13 +158,13 @@ def verdict_table(ctx: Any) -> Table:
     sizes = {m: {r.per_model.get(m, (math.nan, 0))[1] for r in verdict.rows} for m in models}
     same = {m: len(sizes[m]) == 1 for m in models}
     name = tau_name(ctx.analysis)
-    headers = ["#", "measure", "family", "n", f"Kendall {name} [95% CI]", "vs best (Holm p)", "pooled τ", "within-cell τ",
+    headers = ["#", "measure", "family", "n", f"Kendall {name} [95% CI]", "vs best (Holm p)", "τ pooled / within cell",
                "vs baseline: Δτ", "Ψ",
                *[f"ψ {short_axis(a)}" for a in axes], "CMI", "sign error mean", "sign error worst",
                "audit: largest |Δτ|",
                *[f"τ `{m}`" + (f" (n {next(iter(sizes[m]))})" if same[m] else "") for m in models]]
     rows, colors = [], {}
-    tau_col, psi_col = 4, 9
+    tau_col, psi_col = 4, 8
     for i, r in enumerate(verdict.rows):
         negated = " (−)" if not flip.get(r.measure, True) else ""
         tau = ci_text(r.stats, "kendall_tau") + (f" (tie {r.tie})" if r.tie else "")
@@ -185,9 +186,9 @@ def verdict_table(ctx: Any) -> Table:
     attrs = [{"family": r.family.replace(" ", "_"), "cost": r.cost, "invariance": " ".join(r.declared) or "none"}
              for r in verdict.rows]
     k = len(axes)
-    numeric = [True, False, False, True, True, False, True, True, False, True, *[True] * k, True, True, True, False,
+    numeric = [True, False, False, True, True, False, True, False, True, *[True] * k, True, True, True, False,
                *[True] * len(models)]
-    ascending = [True, False, False, False, False, False, False, False, False, False, *[False] * k, False, True, True,
+    ascending = [True, False, False, False, False, False, False, False, False, *[False] * k, False, True, True,
                  False, *[False] * len(models)]
     return Table(headers, rows, numeric, table_id="verdict", sortable=True, filters=["family", "cost", "invariance"],
                  row_attrs=attrs, compact=True, ascending=ascending, foot=foot,
@@ -226,8 +227,8 @@ def explanation(ctx: Any) -> str:
             "the gap over the pairs of runs of one data draw, pooled over the draws (τ-b itself with one draw), "
             f"its 95% interval of the two-way cluster bootstrap from {MIN_CI_RUNS} runs on "
             f"({ctx.analysis.resampling or 'no resampling'}); (−): smaller values are the sharper ones, negated. vs "
-            "best: Holm-adjusted paired comparison with the highest τ. Pooled τ: over every pair of runs, across "
-            "draws. Within-cell τ: over the pairs of runs of one configuration (they differ only in their seed or "
+            "best: Holm-adjusted paired comparison with the highest τ. τ pooled: over every pair of runs, across "
+            "draws; τ within cell: over the pairs of runs of one configuration (they differ only in their seed or "
             "draw). vs baseline: Δτ = τ − τ of `ref.hyperparameters`, the hyperparameter lookup (each "
             "configuration's mean gap in the other draws), on the same resamples; beats: its 95% interval "
             "(correlations.csv) lies above 0. Ψ, ψ: granulated "

@@ -247,7 +247,7 @@ def test_comparison_in_a_browser(browser_factory, pages):
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "cpu"
 STUDIES = ("hyperparameters", "tsuzuku_mnist", "tsuzuku_cifar10", "ibayashi_mnist", "yi_mnist")
 REPORTS = (*STUDIES, "natural", "natural/gap_acc")
-VERDICT_COLUMNS = ("Kendall τ within draws [95% CI]", "vs best (Holm p)", "pooled τ", "within-cell τ",
+VERDICT_COLUMNS = ("Kendall τ within draws [95% CI]", "vs best (Holm p)", "τ pooled / within cell",
                    "vs baseline: Δτ", "Ψ", "CMI", "sign error mean", "sign error worst",
                    "audit: largest |Δτ|")
 PAGE_BUDGET = {"tsuzuku_mnist": 12}
