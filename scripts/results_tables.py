@@ -65,19 +65,41 @@ def _share(value: object, n: object) -> str:
     return "n/a" if count == 0 or not math.isfinite(float(value)) else f"{float(value):.2f} ({count})"
 
 
+def _baseline(r: dict) -> str:
+    """"beats: +0.12 [0.03, 0.20]" / "no: −0.18 [−0.24, −0.12]" against ref.hyperparameters (issue 42)."""
+    diff = float(r.get("vs_hyperparameters", math.nan))
+    if not math.isfinite(diff):
+        return ""
+    lo, hi = float(r.get("vs_hyperparameters_lo", math.nan)), float(r.get("vs_hyperparameters_hi", math.nan))
+    beats = str(r.get("beats_hyperparameters")) == "True"
+    return f"{'beats' if beats else 'no'}: {f(diff)}" + (f" [{f(lo)}, {f(hi)}]" if math.isfinite(lo) else "")
+
+
+def blocking(exp: Path) -> str:
+    """gap ~ draw + configuration (variance.csv): the draw's share of the variance and the cells' partial ω²."""
+    frame = pd.read_csv(exp / "variance.csv")
+    lines = ["| effect | df | share of the variance | F | partial ω² |", "| --- | ---: | ---: | ---: | ---: |"]
+    for r in frame.to_dict(orient="records"):
+        lines.append(f"| {r['effect']} | {int(r['df'])} | {float(r['share']):.4f} | {f(r['F'])} | "
+                     f"{f(r['partial_omega2'])} |")
+    return "\n".join(lines)
+
+
 def ranking(exp: Path) -> str:
     """Every measure with τ [interval], p, its group (Holm over the paired tests against the best), the
     share of seed pairs it orders like the gap, Ψ and the mean / worst sign error."""
     corr = pd.read_csv(exp / "correlations.csv")
-    lines = ["| # | measure | n | Kendall τ [95% CI] | p | vs best (Holm) | seed pairs ordered (n) | Ψ | "
-             "sign error mean / worst | Spearman ρ | Pearson r |",
-             "| ---: | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| # | measure | n | τ within draws [95% CI] | pooled τ | within-cell τ | vs ref.hyperparameters: Δτ "
+             "[95% CI] | p | vs best (Holm) | seed pairs ordered (n) | Ψ | sign error mean / worst | Spearman ρ | "
+             "Pearson r |",
+             "| ---: | --- | ---: | --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for i, r in enumerate(corr.to_dict(orient="records"), 1):
         ci = f" [{f(r['kendall_tau_lo'])}, {f(r['kendall_tau_hi'])}]" if math.isfinite(float(r["kendall_tau_lo"])) else ""
         is_ref = r.get("kind") == "reference"
         name = f"`{r['measure']}`" + (" (reference)" if is_ref else "")
-        lines.append(f"| {'' if is_ref else i} | {name} | {r['n']} | {f(r['kendall_tau'])}{ci} | {p_text(r['kendall_p'])} | "
-                     f"{_group(r)} | {_share(r.get('seed_pairs_concordant'), r.get('n_seed_pairs'))} | "
+        lines.append(f"| {'' if is_ref else i} | {name} | {r['n']} | {f(r['kendall_tau'])}{ci} | "
+                     f"{f(r.get('kendall_tau_pooled'))} | {f(r.get('kendall_tau_within_cell'))} | {_baseline(r)} | "
+                     f"{p_text(r['kendall_p'])} | {_group(r)} | {_share(r.get('seed_pairs_concordant'), r.get('n_seed_pairs'))} | "
                      f"{f(r.get('psi'))} | {f(r.get('sign_error_mean'))} / {f(r.get('sign_error_worst'))} | "
                      f"{f(r['spearman_rho'])} | {f(r['pearson_r'])} |")
     methods = sorted(set(corr["kendall_p_method"].dropna().astype(str))) if "kendall_p_method" in corr else []
@@ -461,7 +483,7 @@ def summary(cpu: Path) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = {"walltime": walltime, "endpoint": endpoint, "variance": variance, "ranking": ranking, "axes": axes,
+SECTIONS = {"blocking": blocking, "walltime": walltime, "endpoint": endpoint, "variance": variance, "ranking": ranking, "axes": axes,
             "bands": bands, "variance_acc": lambda exp: variance(exp, "acc"),
             "pairs": pairs,
             "by_model": by_model, "levels": levels,

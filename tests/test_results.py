@@ -2,7 +2,7 @@
 numbers, rebuilt from its run files by the current code, are the committed ones.
 
 For every study (and the natural study's accuracy-gap report in natural/gap_acc/), table.csv and the
-statistics files (correlations.csv, comparisons.csv, reference_bands.csv, environments.csv) are rebuilt by
+statistics files (correlations.csv, comparisons.csv, reference_bands.csv, environments.csv, variance.csv) are rebuilt by
 `report_study(..., statistics_only=True)` (the report's own code path, without its figures) and compared
 number by number; the smallest study is also rebuilt as a whole report (figures and pages). A committed
 report written by other statistics than the current ones fails here, naming the study to regenerate."""
@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted(p.parent for p in (ROOT / "results" / "cpu").glob("*/correlations.csv"))
-STATISTICS_FILES = ("correlations.csv", "comparisons.csv", "reference_bands.csv", "environments.csv")
+STATISTICS_FILES = ("correlations.csv", "comparisons.csv", "reference_bands.csv", "environments.csv", "variance.csv")
 
 
 def test_reproductions_are_committed():

@@ -2,11 +2,13 @@
 
     write_report([results/quickstart], results/quickstart)
       → table.csv          one row per run: hyperparameters, metrics, gaps, every measure value
-      → correlations.csv   per headline measure: τ/ρ/r with 95% bootstrap CIs, n, Ψ and ψ per axis, CMI;
-                           then the reference rows ref.random and ref.replicate_gap (column `kind`)
+      → correlations.csv   per headline measure: τ within draws/ρ/r with 95% bootstrap CIs, pooled and
+                           within-cell τ, against ref.hyperparameters, n, Ψ and ψ per axis, CMI; then the
+                           reference rows ref.hyperparameters, ref.axis.*, ref.random, ref.replicate_gap
       → comparisons.csv    every pair of measures: τ_a − τ_b with its paired interval
       → reference_bands.csv  the random reference's 95% band of every statistic
       → environments.csv   Dziugaite et al.'s environments of every measure, with their counted pairs
+      → variance.csv       gap ~ draw + cell: the draw's share of the variance, the cells' partial ω²
       → plots/*.png        ranking, scatter grids by family, against the ratio, agreement, comparisons, ...
       → report.md          the same story with relative image links, readable as plain text
       → report.html        self-contained: images, script and data inline, nothing fetched
@@ -139,6 +141,7 @@ def _write_tables(out_dir: Path, table: pd.DataFrame, analysis: Analysis, levels
     store.atomic_write_text(out_dir / "comparisons.csv", analysis.comparisons.to_csv(index=False))
     store.atomic_write_text(out_dir / "reference_bands.csv", analysis.reference_bands.to_csv(index=False))
     store.atomic_write_text(out_dir / "environments.csv", analysis.environments.to_csv(index=False))
+    store.atomic_write_text(out_dir / "variance.csv", analysis.variance.to_csv(index=False))
     if len(levels):
         store.atomic_write_text(out_dir / "correlations_by_level.csv", levels.to_csv(index=False))
     else:

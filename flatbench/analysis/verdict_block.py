@@ -25,7 +25,9 @@ from flatbench.analysis.fmt import ci_text, is_true, num, p_text
 from flatbench.analysis.plots.common import DIVERGING
 from flatbench.analysis.stats import MIN_CI_RUNS
 from flatbench.analysis.table import RATIO_COLUMN, to_float
+from flatbench.analysis.stats.baselines import HYPERPARAMETERS
 from flatbench.analysis.verdict import MODEL_FIELDS, Row, Verdict
+from flatbench.analysis.verdict_target import baseline_text, beats_cell, blocking_text, target_text, tau_name
 
 ALPHA = 0.05
 SHORT = {RATIO_COLUMN: "ratio", "experiment": "folder", "model.name": "model", "data.dataset": "dataset"}
@@ -98,8 +100,13 @@ def headline(ctx: Any) -> list[str]:
     psi_txt = f", Ψ {num(psi)}" if math.isfinite(psi) else ""
     tied = next((g for g in verdict.ties if top.measure in g), [])
     tie = f", tied with {', '.join(f'`{m}`' for m in tied if m != top.measure)}" if tied else ""
-    lines = [f"**Highest pooled τ:** `{top.measure}` (τ {ci_text(top.stats, 'kendall_tau')}, p "
-             f"{p_text(top.stats.get('kendall_p'))}, n {top.stats.get('n')}{psi_txt}{tie}{against})."]
+    name = tau_name(ctx.analysis)
+    pooled = (f", pooled τ {num(top.stats.get('kendall_tau_pooled'))}" if name != "τ" else "")
+    lines = [f"**Target:** {target_text(ctx.analysis.gap)}.", blocking_text(ctx.analysis)]
+    base = baseline_text(ctx.analysis, [r.stats for r in verdict.rows])
+    lines += [base] if base else []
+    lines.append(f"**Highest {name}:** `{top.measure}` ({name} {ci_text(top.stats, 'kendall_tau')}{pooled}, p "
+                 f"{p_text(top.stats.get('kendall_p'))}, n {top.stats.get('n')}{psi_txt}{tie}{against}).")
     by_psi = _best_by(verdict.rows, "psi")
     if by_psi is not None:
         lines.append(f"**Highest Ψ** (τ within the design, mean over the training axes): `{by_psi.measure}` (Ψ "
@@ -127,6 +134,12 @@ def _label(row: Row, verdict: Verdict, rank: int) -> str:
     return text + (" (borderline)" if is_true(row.stats.get("vs_best_borderline")) else "")
 
 
+def _tau_cells(stats: Mapping[str, Any]) -> list[str]:
+    """Pooled τ, within-cell τ and the comparison with ref.hyperparameters."""
+    return [f'{num(stats.get("kendall_tau_pooled"))} / {num(stats.get("kendall_tau_within_cell"))}',
+            beats_cell(dict(stats))]
+
+
 def _psi_cell(stats: Mapping[str, Any], axis: str, reference: bool) -> str:
     psi = to_float(stats.get(f"psi_{axis}"))
     p = to_float(stats.get(f"p_psi_{axis}" if reference else f"p_psi_holm_{axis}"))
@@ -144,24 +157,26 @@ def verdict_table(ctx: Any) -> Table:
     models = verdict.models
     sizes = {m: {r.per_model.get(m, (math.nan, 0))[1] for r in verdict.rows} for m in models}
     same = {m: len(sizes[m]) == 1 for m in models}
-    headers = ["#", "measure", "family", "n", "Kendall τ [95% CI]", "vs best (Holm p)", "Ψ",
+    name = tau_name(ctx.analysis)
+    headers = ["#", "measure", "family", "n", f"Kendall {name} [95% CI]", "vs best (Holm p)", "τ pooled / within cell",
+               "vs baseline: Δτ", "Ψ",
                *[f"ψ {short_axis(a)}" for a in axes], "CMI", "sign error mean", "sign error worst",
                "audit: largest |Δτ|",
                *[f"τ `{m}`" + (f" (n {next(iter(sizes[m]))})" if same[m] else "") for m in models]]
     rows, colors = [], {}
-    tau_col, psi_col = 4, 6
+    tau_col, psi_col = 4, 8
     for i, r in enumerate(verdict.rows):
         negated = " (−)" if not flip.get(r.measure, True) else ""
         tau = ci_text(r.stats, "kendall_tau") + (f" (tie {r.tie})" if r.tie else "")
         cells = [str(i + 1), f"`{r.measure}`{negated}", r.family, str(r.stats.get("n")), tau, _label(r, verdict, i + 1),
-                 *_stat_cells(r.stats, axes, False), measured_text(r.measured)]
+                 *_tau_cells(r.stats), *_stat_cells(r.stats, axes, False), measured_text(r.measured)]
         cells += [num(t) + ("" if same[m] else f" (n {n})")
                   for m, (t, n) in ((m, r.per_model.get(m, (math.nan, 0))) for m in models)]
         rows.append(cells)
     refs = _references(ctx)
-    foot = [[{"ref.random": "floor", "ref.replicate_gap": "ceiling"}.get(str(r["measure"]), "ref"), f"`{r['measure']}`",
-             "reference", str(r.get("n")), ci_text(r, "kendall_tau"), "reference", *_stat_cells(r, axes, True), "",
-             *[""] * len(models)] for r in refs]
+    foot = [[{"ref.random": "floor", "ref.replicate_gap": "ceiling", HYPERPARAMETERS: "baseline"}.get(
+                 str(r["measure"]), "ref"), f"`{r['measure']}`", "reference", str(r.get("n")), ci_text(r, "kendall_tau"),
+             "reference", *_tau_cells(r), *_stat_cells(r, axes, True), "", *[""] * len(models)] for r in refs]
     stats = [r.stats for r in verdict.rows] + refs
     for i, s in enumerate(stats):
         colors[(i, tau_col)] = signed_color(s.get("kendall_tau"))
@@ -171,9 +186,10 @@ def verdict_table(ctx: Any) -> Table:
     attrs = [{"family": r.family.replace(" ", "_"), "cost": r.cost, "invariance": " ".join(r.declared) or "none"}
              for r in verdict.rows]
     k = len(axes)
-    numeric = [True, False, False, True, True, False, True, *[True] * k, True, True, True, False, *[True] * len(models)]
-    ascending = [True, False, False, False, False, False, False, *[False] * k, False, True, True, False,
-                 *[False] * len(models)]
+    numeric = [True, False, False, True, True, False, True, False, True, *[True] * k, True, True, True, False,
+               *[True] * len(models)]
+    ascending = [True, False, False, False, False, False, False, False, False, *[False] * k, False, True, True,
+                 False, *[False] * len(models)]
     return Table(headers, rows, numeric, table_id="verdict", sortable=True, filters=["family", "cost", "invariance"],
                  row_attrs=attrs, compact=True, ascending=ascending, foot=foot,
                  colors={key: c for key, c in colors.items() if c},
@@ -208,15 +224,22 @@ def explanation(ctx: Any) -> str:
     models = ctx.verdict.models
     return ("One row per measure with a τ, highest τ first; the HTML table sorts by any column (numbers by value; "
             "#, p and sign errors smallest first) and filters by family, cost and invariance. τ: Kendall's τ-b with "
-            f"the gap, its 95% interval of the two-way cluster bootstrap from {MIN_CI_RUNS} runs on "
+            "the gap over the pairs of runs of one data draw, pooled over the draws (τ-b itself with one draw), "
+            f"its 95% interval of the two-way cluster bootstrap from {MIN_CI_RUNS} runs on "
             f"({ctx.analysis.resampling or 'no resampling'}); (−): smaller values are the sharper ones, negated. vs "
-            "best: Holm-adjusted paired comparison with the highest τ. Ψ, ψ: granulated Kendall (τ within blocks "
+            "best: Holm-adjusted paired comparison with the highest τ. τ pooled: over every pair of runs, across "
+            "draws; τ within cell: over the pairs of runs of one configuration (they differ only in their seed or "
+            "draw). vs baseline: Δτ = τ − τ of `ref.hyperparameters`, the hyperparameter lookup (each "
+            "configuration's mean gap in the other draws), on the same resamples; beats: its 95% interval "
+            "(correlations.csv) lies above 0. Ψ, ψ: granulated "
+            "Kendall (τ within blocks "
             "that differ in one axis only; * below 0.05 after Holm's correction), red below 0, blue above. CMI: "
             "Jiang et al.'s conditional mutual information. Sign error: Dziugaite et al.'s, mean and worst "
             "environment (0.5 = chance; smaller is better). Audit: what the rescaling audit measured (holds, "
             "breaks, moves, unchanged, with the largest |Δτ|; the audit section has Δτ per draw"
             + (" and per model" if models else "") + "). The last rows are the floor (`ref.random`: pure-noise "
-            "measures, its 95% band) and the ceiling (`ref.replicate_gap`: the gap of the other replicates).")
+            "measures, its 95% band) and the ceiling (`ref.replicate_gap`: the gap of the other replicates), after the "
+            "baseline `ref.hyperparameters` and the lookups on one axis (`ref.axis.*`).")
 
 
 def verdict_block(doc: Document, ctx: Any) -> None:

@@ -37,9 +37,13 @@ def test_random_reference_is_the_mean_over_its_draws_with_its_band():
     result = analyze(as_table(design, gap, {"m": gap + rng.normal(0, 0.05, n)}), n_boot=50, seed=3)
     row = result.references.set_index("measure").loc["ref.random"]
     x = np.random.default_rng([3, RANDOM_STREAM]).standard_normal((N_RANDOM, n))
-    taus = np.array([sps.kendalltau(xi, gap).statistic for xi in x])
+    pooled = np.array([sps.kendalltau(xi, gap).statistic for xi in x])
+    same = design["draw"].to_numpy()[:, None] == design["draw"].to_numpy()[None, :]
+    sy = np.sign(gap[:, None] - gap[None, :]) * same
+    taus = np.array([(np.sign(xi[:, None] - xi[None, :]) * sy).sum() / (same.sum() - n) for xi in x])  # within draws
     rhos = np.array([sps.spearmanr(xi, gap).statistic for xi in x])
     assert row["kendall_tau"] == pytest.approx(taus.mean(), abs=1e-12)
+    assert row["kendall_tau_pooled"] == pytest.approx(pooled.mean(), abs=1e-12)
     assert (row["kendall_tau_lo"], row["kendall_tau_hi"]) == pytest.approx(tuple(np.quantile(taus, [0.025, 0.975])))
     assert row["spearman_rho"] == pytest.approx(rhos.mean(), abs=1e-12)
     bands = result.reference_bands.set_index("statistic")
@@ -83,8 +87,8 @@ def test_ceiling_beats_every_measure_when_the_gap_is_a_noisy_function_of_the_con
         assert ceiling["kendall_tau"] > corr.loc[m, "kendall_tau"], m
         assert ceiling["psi"] > corr.loc[m, "psi"], m
         assert ceiling["cmi"] > corr.loc[m, "cmi"], m
-        assert ceiling["sign_error_mean"] < corr.loc[m, "sign_error_mean"], m
-        assert ceiling["sign_error_worst"] < corr.loc[m, "sign_error_worst"], m
+        assert ceiling["sign_error_mean"] <= corr.loc[m, "sign_error_mean"], m  # within one draw lr_part can be
+        assert ceiling["sign_error_worst"] <= corr.loc[m, "sign_error_worst"], m  # as perfect as the ceiling
     assert "ref.replicate_gap" not in set(result.correlations["measure"])
     assert set(result.all_rows()["kind"]) == {"measure", "reference"}
     assert list(result.all_rows()["measure"][-2:]) == ["ref.random", "ref.replicate_gap"]

@@ -290,7 +290,9 @@ def test_cmi_noise_gap_and_ratio_only():
 
 
 def test_cmi_two_seeds_is_na(no_registry):
-    """Two seeds per ratio: one pair per cell, where the plug-in score would be 1 for anything."""
+    """Two seeds per ratio: one pair per cell, where the plug-in score would be 1 for anything. The seeds are
+    initializations within one data draw: CMI's pairs are pairs of one draw (issue 42), and two data draws
+    would leave the replicate pairs out."""
     ratios = np.repeat(np.linspace(0, 1, 6), 2)
     seeds = np.tile([0, 1], 6)
     rng = np.random.default_rng(2)
@@ -298,7 +300,7 @@ def test_cmi_two_seeds_is_na(no_registry):
     codes = pd.DataFrame({"r": ratios.astype(str)})
     relaxed = conditional_mi(rng.normal(size=12), gap, codes, ["r"], min_pairs=1)
     assert relaxed.per_set["r"] > 0.5  # the degenerate plug-in value the rule protects against
-    table = make_table(gap, {"noise": rng.normal(size=12)}, ratios=ratios, seeds=seeds)
+    table = make_table(gap, {"noise": rng.normal(size=12)}, ratios=ratios, seeds=seeds, **{"data.seed": [7] * 12})
     result = analyze(table, n_boot=0)
     assert result.axes == ["data.random_label_ratio"]
     row = result.correlations.iloc[0]

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
+from flatbench.analysis.stats.blocked import blocked_boot_tau, stratified_kendall
 from flatbench.analysis.stats.bootstrap import MIN_UNITS, TwoWay, two_way_bootstrap
 from flatbench.analysis.stats.kernels import bootstrap_pvalue, kendall_batch, tau_from_parts
 
@@ -90,7 +91,8 @@ class Resamples:
     """τ of every measure over a subset of runs and on the two-way bootstrap's resamples of that subset,
     computed once per (measure, subset) and shared by every comparison (the same weights for every measure
     on the same subset: they depend only on the subset's cells and draws, the number of resamples and the
-    seed)."""
+    seed). τ is stratified by data draw (`blocked`: pairs of runs of one draw only); with one draw it is
+    τ-b over all pairs. `pooled_tau` is τ-b over all pairs whatever the draws."""
 
     def __init__(self, data: Mapping[str, np.ndarray], gap: np.ndarray, cells: np.ndarray, draws: np.ndarray,
                  n_boot: int, seed: int):
@@ -122,13 +124,21 @@ class Resamples:
         if key not in self._points:
             v, g = self.data[m][mask], self.gap[mask]
             ok = usable(v, g)
-            self._points[key] = float(kendall_batch(v[None, :], g[None, :])[0]) if ok else math.nan
+            self._points[key] = float(stratified_kendall(v[None, :], g, self.draws[mask])[0]) if ok else math.nan
         return self._points[key]
+
+    def pooled_tau(self, m: str, mask: np.ndarray) -> float:
+        """τ-b over every pair of the runs in `mask`, across draws too (the second column of the report)."""
+        v, g = self.data[m][mask], self.gap[mask]
+        return float(kendall_batch(v[None, :], g[None, :])[0]) if usable(v, g) else math.nan
 
     def boot(self, m: str, mask: np.ndarray) -> np.ndarray:
         """τ* of measure m on the resamples of the runs in `mask`, over pairs of distinct copies
-        (`bootstrap`: pairs of copies)."""
+        (`bootstrap`: pairs of copies), stratified by draw (`blocked.blocked_boot_tau`) when the runs span
+        several draws."""
         key = (m, mask.tobytes())
+        if key not in self._boots and len(np.unique(self.draws[mask])) > 1:
+            self._boots[key] = blocked_boot_tau(self.bootstrap(mask), self.data[m][mask], self.gap[mask])
         if key not in self._boots:
             design = self.bootstrap(mask)
             g = self.gap[mask]

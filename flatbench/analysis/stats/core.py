@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from flatbench.analysis.stats.anova import VARIANCE_COLUMNS, variance_decomposition
+from flatbench.analysis.stats.baselines import AXIS_PREFIX, HYPERPARAMETERS, baseline_note, baseline_values
 from flatbench.analysis.stats.bootstrap import MIN_UNITS, two_way_bootstrap
 from flatbench.analysis.stats.compare import (
     ALPHA,
@@ -54,7 +56,13 @@ from flatbench.analysis.stats.references import (
     replicate_gap_row,
 )
 from flatbench.analysis.stats.robust import ENV_COLUMNS, MIN_ENV_PAIRS, NOISE_Z, replicate_sd
-from flatbench.analysis.stats.rows import RowContext, correlation_columns, measure_row, psi_tests
+from flatbench.analysis.stats.rows import (
+    RowContext,
+    baseline_comparison,
+    correlation_columns,
+    measure_row,
+    psi_tests,
+)
 from flatbench.analysis.table import headline_columns, stderr_columns, sweep_axes, to_float
 from flatbench.store import gap_column
 
@@ -148,6 +156,9 @@ class Analysis:
     """statistic, mean, q025, q975: the random reference's 95% band of every statistic."""
     psi_family: int = 0
     """How many ψ tests Holm's procedure adjusted together (measures × axes with a p-value)."""
+    variance: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=VARIANCE_COLUMNS))
+    """effect (draw, cell, residual, total), df, ss, share, F, p, partial_omega2: gap ~ draw + cell
+    (`anova`), variance.csv."""
 
     @property
     def training_axes(self) -> list[str]:
@@ -193,9 +204,11 @@ def analyze(table: pd.DataFrame, gap: str = "acc", min_train_acc: float = 0.0, n
     data = oriented_data(included, measures, flip)
     if full:
         data[REPLICATE_GAP] = replicate_gap(gap_values, design.cells)
+        data.update(baseline_values(gap_values, design.codes, design.cells, design.draws, design.axes))
     resamples = Resamples(data, gap_values, design.cells, design.draws, n_boot, seed)
     ctx = RowContext(included, gap_values, design, resamples, replicate_sd(gap_values, design.cells), full,
-                     stderr_columns(table), _permutation_pvalues(data, list(data), gap_values, n_perm, seed))
+                     stderr_columns(table), _permutation_pvalues(data, list(data), gap_values, n_perm, seed,
+                                                                design.draws))
     boot = two_way_bootstrap(design.cells, design.draws, 0, seed)
     notes += _size_notes(len(included), design, boot.description, boot.n_units, full)
     rows, environments = [], []
@@ -206,6 +219,7 @@ def analyze(table: pd.DataFrame, gap: str = "acc", min_train_acc: float = 0.0, n
             environments.append(envs.assign(measure=key))
     if full:
         psi_tests(ctx, rows)
+        baseline_comparison(ctx, rows, HYPERPARAMETERS)
     corr = pd.DataFrame(rows, columns=correlation_columns(design.axes))
     if len(corr):
         corr = corr.sort_values(["kendall_tau", "measure"], ascending=[False, True], na_position="last",
@@ -220,6 +234,8 @@ def analyze(table: pd.DataFrame, gap: str = "acc", min_train_acc: float = 0.0, n
         out.references, out.reference_bands, envs = _references(ctx, len(included) >= MIN_RUNS)
         environments += envs
     corr["vs_best_borderline"] = corr["vs_best_borderline"].fillna(False).astype(bool)
+    corr["beats_hyperparameters"] = corr["beats_hyperparameters"].fillna(False).astype(bool)
+    out.variance = variance_decomposition(gap_values, design.draws, design.cells) if full else out.variance
     corr.attrs.update({"gap": gap, "gap_column": gcol, "axes": list(design.axes), "notes": list(notes),
                        "excluded": excluded.to_dict(orient="records"), "n_included": len(included),
                        "min_ci_runs": MIN_CI_RUNS, "n_perm": n_perm, "n_boot": n_boot, "seed": seed,
@@ -235,11 +251,21 @@ def _references(ctx: RowContext, enough: bool) -> tuple[pd.DataFrame, pd.DataFra
     if not enough:
         return pd.DataFrame(columns=correlation_columns(ctx.design.axes)), pd.DataFrame(columns=BAND_COLUMNS), []
     ceiling, envs = replicate_gap_row(ctx)
-    psi_tests(ctx, [ceiling])
+    baselines, environments = [], []
+    for key in [HYPERPARAMETERS, *[AXIS_PREFIX + a for a in ctx.design.axes]]:
+        row, base_envs = measure_row(ctx, key, ctx.resamples.data[key], True, kind="reference")
+        row["note"] = "; ".join(filter(None, [baseline_note(key, ctx.design.n_draws), row["note"]]))
+        baselines.append(row)
+        if base_envs is not None and len(base_envs):
+            environments.append(base_envs.assign(measure=key))
+    psi_tests(ctx, [*baselines, ceiling])
     floor, bands = random_reference(ctx)
-    refs = pd.DataFrame([floor, ceiling], columns=correlation_columns(ctx.design.axes))
+    baseline_comparison(ctx, [*baselines, floor, ceiling], HYPERPARAMETERS)
+    refs = pd.DataFrame([*baselines, floor, ceiling], columns=correlation_columns(ctx.design.axes))
     refs["vs_best_borderline"] = False
-    environments = [envs.assign(measure=REPLICATE_GAP)] if envs is not None and len(envs) else []
+    refs["beats_hyperparameters"] = refs["beats_hyperparameters"].fillna(False).astype(bool)
+    if envs is not None and len(envs):
+        environments.append(envs.assign(measure=REPLICATE_GAP))
     return refs, bands, environments
 
 
@@ -278,6 +304,10 @@ def _size_notes(n: int, design: Design, resampling: str, units: int, full: bool)
                      "unreliable and often collapses to a point) and no measure can be compared with the best "
                      "(\"cannot compare\"); judge each τ by its permutation p-value")
     notes.append(resampling)
+    if design.n_draws > 1:
+        notes.append(f"τ is stratified by data draw: pairs of runs of one draw only, pooled over the {design.n_draws} "
+                     "draws (its permutation p permutes within draws; CMI and sign errors use the same pairs, ψ's "
+                     "blocks hold one draw); kendall_tau_pooled is τ over every pair")
     if n >= MIN_CI_RUNS and units < MIN_UNITS:
         notes.append(f"only {units} independent unit(s) to resample (fewer than {MIN_UNITS}): no interval and no "
                      "comparison with the best (a percentile bootstrap over so few clusters is far too liberal)")
@@ -348,9 +378,9 @@ def _compare_with_best(corr: pd.DataFrame, included: pd.DataFrame, gcol: str, fl
 
 
 def _permutation_pvalues(data: Mapping[str, np.ndarray], measures: list[str], gap_values: np.ndarray,
-                         n_perm: int, seed: int) -> dict[str, tuple[float, str]]:
+                         n_perm: int, seed: int, draws: np.ndarray | None = None) -> dict[str, tuple[float, str]]:
     """(kendall_p, its method) for every measure; measures with values on the same runs are tested in
-    one pass."""
+    one pass. With `draws`, the test of the stratified τ (permutations within draws)."""
     groups: dict[bytes, list[tuple[str, np.ndarray]]] = {}
     masks: dict[bytes, np.ndarray] = {}
     for key in measures:
@@ -365,10 +395,12 @@ def _permutation_pvalues(data: Mapping[str, np.ndarray], measures: list[str], ga
     for mask_key, members in groups.items():
         x = np.stack([v for _, v in members])
         g = gap_values[masks[mask_key]]
-        p = kendall_permutation_pvalues(x, g, n_perm=n_perm, seed=seed)
+        strata = draws[masks[mask_key]] if draws is not None else None
+        p = kendall_permutation_pvalues(x, g, n_perm=n_perm, seed=seed, strata=strata)
         for (key, values), pi in zip(members, p):
-            method = permutation_method(values, g, n_perm)
-            out[key] = (float(pi), f"monte carlo ({n_perm} permutations)" if method == "monte carlo"
+            method = permutation_method(values, g, n_perm, strata)
+            within = " within draws" if strata is not None and len(np.unique(strata)) > 1 else ""
+            out[key] = (float(pi), f"monte carlo ({n_perm} permutations{within})" if method == "monte carlo"
                         else "exact (scipy, no ties)" if method == "exact" else "enumerated (all n! orders)")
     return out
 

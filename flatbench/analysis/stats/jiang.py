@@ -237,11 +237,13 @@ def _mirror_cells(cell: np.ndarray, mirror_pair: np.ndarray, n_cells: int) -> np
     return mirror
 
 
-def _pairs(gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ordered pairs (i, j), i ≠ j, with different gaps."""
+def _pairs(gap: np.ndarray, draws: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Ordered pairs (i, j), i ≠ j, with different gaps (of one draw when `draws` is given)."""
     n = len(gap)
     i, j = np.nonzero(~np.eye(n, dtype=bool))
     keep = gap[i] != gap[j]
+    if draws is not None:
+        keep &= np.asarray(draws)[i] == np.asarray(draws)[j]
     return i[keep], j[keep]
 
 
@@ -261,15 +263,17 @@ def _conditioning_cells(int_codes: dict[str, np.ndarray], cardinality: dict[str,
     return cell.astype(np.int64), len(cells), is_diag
 
 
-def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: int = MIN_CMI_PAIRS) -> CMIPlan:
-    """The measure-independent part of Jiang et al.'s CMI score over `axes` (module doc)."""
+def cmi_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], min_pairs: int = MIN_CMI_PAIRS,
+             draws: np.ndarray | None = None) -> CMIPlan:
+    """The measure-independent part of Jiang et al.'s CMI score over `axes` (module doc); with `draws`, over
+    the pairs of runs of one draw only (the report's blocking, `plan`)."""
     gap = np.asarray(gap, dtype=float)
     empty = np.zeros(0, dtype=np.int64)
     if not axes:
         return CMIPlan(empty, empty, empty, [], 0, "", "no axis varies (a replicate field is never conditioned on)")
     if len(gap) < 3:
         return CMIPlan(empty, empty, empty, [], 0, "", "fewer than 3 runs")
-    i, j = _pairs(gap)
+    i, j = _pairs(gap, draws)
     if not len(i):
         return CMIPlan(empty, empty, empty, [], 0, "", "the gap is constant")
     vg = (gap[i] > gap[j]).astype(np.int64)

@@ -227,9 +227,40 @@ def _permutations(n: int, n_perm: int, seed: int) -> tuple[np.ndarray, bool]:
     return rng.permuted(np.tile(np.arange(n, dtype=np.intp), (n_perm, 1)), axis=1), False
 
 
-def permutation_method(x: np.ndarray, y: np.ndarray, n_perm: int = N_PERM) -> str:
+def strata_pairs(strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j), i < j, of every pair of runs in the same stratum (value of `strata`)."""
+    strata = np.asarray(strata)
+    pi, pj = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    for s in np.unique(strata):
+        members = np.flatnonzero(strata == s)
+        a, b = np.triu_indices(len(members), 1)
+        pi.append(members[a])
+        pj.append(members[b])
+    return np.concatenate(pi).astype(np.int64), np.concatenate(pj).astype(np.int64)
+
+
+def _strata_permutations(strata: np.ndarray, n_perm: int, seed: int) -> np.ndarray:
+    """n_perm seeded permutations of range(n) that move runs only within their stratum: rng =
+    default_rng(seed), then per stratum (in sorted order) its members' indices permuted row by row."""
+    n = len(strata)
+    rng = np.random.default_rng(seed)
+    perms = np.tile(np.arange(n, dtype=np.intp), (n_perm, 1))
+    for s in np.unique(strata):
+        idx = np.flatnonzero(strata == s)
+        perms[:, idx] = idx[rng.permuted(np.tile(np.arange(len(idx)), (n_perm, 1)), axis=1)]
+    return perms
+
+
+def many_strata(strata: np.ndarray | None) -> bool:
+    return strata is not None and len(np.unique(strata)) > 1
+
+
+def permutation_method(x: np.ndarray, y: np.ndarray, n_perm: int = N_PERM, strata: np.ndarray | None = None) -> str:
     """Which p-value `kendall_permutation_pvalues` gives for one row: "enumerated" (all n! orders),
-    "exact" (scipy's exact null distribution of τ, no ties in x or y) or "monte carlo"."""
+    "exact" (scipy's exact null distribution of τ, no ties in x or y) or "monte carlo" (always with
+    several strata)."""
+    if many_strata(strata):
+        return "monte carlo"
     n = len(y)
     if n <= 20 and math.factorial(n) <= n_perm:
         return "enumerated"
@@ -239,8 +270,13 @@ def permutation_method(x: np.ndarray, y: np.ndarray, n_perm: int = N_PERM) -> st
 
 
 def kendall_permutation_pvalues(x: np.ndarray, y: np.ndarray, n_perm: int = N_PERM,
-                                seed: int = 0) -> np.ndarray:
+                                seed: int = 0, strata: np.ndarray | None = None) -> np.ndarray:
     """Two-sided permutation p-value of Kendall τ-b for each row of `x` (k, n) against one `y` (n,).
+
+    With `strata` (the data draws) of more than one value, the test of the stratified τ (`blocked`): S
+    sums over the pairs within a stratum, and y is permuted within each stratum only
+    (`_strata_permutations`), Monte Carlo as below; the denominator is again the same for every such
+    permutation.
 
     H0: no association (every order of y is equally likely given x). Statistic: |S| with S = C − D (τ-b's
     denominator is the same for every permutation of y, so |S| and |τ-b| give the same test).
@@ -263,15 +299,21 @@ def kendall_permutation_pvalues(x: np.ndarray, y: np.ndarray, n_perm: int = N_PE
     if n < 2 or n_perm <= 0 or len(y) != n or not np.isfinite(y).all() or np.ptp(y) == 0:
         return out
     defined = np.isfinite(x).all(axis=1) & ~_constant(np.nan_to_num(x))
-    methods = np.array([permutation_method(row, y, n_perm) if ok else "" for row, ok in zip(x, defined)])
+    methods = np.array([permutation_method(row, y, n_perm, strata) if ok else "" for row, ok in zip(x, defined)])
     for i in np.flatnonzero(methods == "exact"):
         out[i] = float(kendalltau(x[i], y, method="exact").pvalue)
     rest = np.flatnonzero(defined & (methods != "exact"))
     if not len(rest):
         return out
-    perms, enumerated = _permutations(n, int(n_perm), seed)
+    if many_strata(strata):
+        perms, enumerated = _strata_permutations(np.asarray(strata), int(n_perm), seed), False
+        iu, ju = strata_pairs(np.asarray(strata))
+        if not len(iu):  # no two runs share a stratum: nothing to test
+            return out
+    else:
+        perms, enumerated = _permutations(n, int(n_perm), seed)
+        iu, ju = np.triu_indices(n, 1)
     count = np.zeros(len(rest), dtype=np.int64)
-    iu, ju = np.triu_indices(n, 1)
     yr = rankdata(y, method="dense").astype(np.int32)
     exact = np.float32 if len(iu) < 2 ** 24 else np.float64  # sums of ±1 over the pairs stay exact
     sy_obs = np.sign(yr[iu] - yr[ju]).astype(exact)

@@ -6,6 +6,12 @@ the environments and their counted pairs, the replicate pairs. `design_plan` bui
 runs (the runs where a measure has a value: most measures share one), and `point_statistics` evaluates
 every statistic for a (R, n) batch of measure values at once: one row for a measure, R rows for the random
 reference (`references`). The measures and the references therefore go through the same code.
+
+Every statistic over pairs of runs compares runs of one data draw (issue 42: the draw's shared offset of
+the gap is not something a measure of one network can know): τ is stratified by draw (`blocked`), ψ's
+blocks hold one draw, and the CMI's pairs and the sign errors' environments are pairs within a draw. The
+pooled τ (`kendall_tau_pooled`) and the within-cell τ (pairs of one configuration, across draws or
+seeds) are given beside it. With one draw every statistic is the pooled one.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flatbench.analysis.stats.blocked import stratified_kendall
 from flatbench.analysis.stats.design import Design
 from flatbench.analysis.stats.jiang import CMIPlan, PsiBlocks, cmi_plan, mean_defined, psi_blocks
 from flatbench.analysis.stats.kernels import STATISTICS
@@ -39,8 +46,9 @@ def design_plan(design: Design, gap: np.ndarray, noise_sd: float) -> DesignPlan:
     gap = np.asarray(gap, dtype=float)
     axes = design.axes
     psi = {a: psi_blocks(design.codes, axes, a, design.draws) for a in axes}
-    return DesignPlan(design, gap, psi, cmi_plan(gap, design.codes, axes),
-                      environment_plan(gap, design.codes, axes, noise_sd), replicate_pairs(gap, design.cells))
+    return DesignPlan(design, gap, psi, cmi_plan(gap, design.codes, axes, draws=design.draws),
+                      environment_plan(gap, design.codes, axes, noise_sd, draws=design.draws),
+                      replicate_pairs(gap, design.cells))
 
 
 @dataclass
@@ -48,7 +56,7 @@ class Point:
     """Every point statistic for a batch of R measures (rows), as (R,) arrays in `values`."""
 
     values: dict[str, np.ndarray]
-    """kendall_tau, spearman_rho, pearson_r, psi_<axis>, psi, psi_data, cmi, sign_error_mean,
+    """kendall_tau (within draws), kendall_tau_pooled, kendall_tau_within_cell, spearman_rho, pearson_r, psi_<axis>, psi, psi_data, cmi, sign_error_mean,
     sign_error_worst, seed_pairs_concordant."""
     block_taus: dict[str, np.ndarray] = field(default_factory=dict)
     """Per axis, the (R, blocks) τ inside every block of ψ (what its bootstrap resamples)."""
@@ -63,12 +71,17 @@ def point_statistics(plan: DesignPlan, measures: np.ndarray) -> Point:
     r = len(x)
     gap = np.broadcast_to(plan.gap, x.shape)
     values = {stat: np.asarray(fn(x, gap), dtype=float) for stat, fn in STATISTICS.items()}
+    design = plan.design
+    values["kendall_tau_pooled"] = values["kendall_tau"]
+    if design.n_draws > 1:  # the headline τ: pairs within one draw (`blocked`)
+        values["kendall_tau"] = stratified_kendall(x, plan.gap, design.draws)
+    values["kendall_tau_within_cell"] = (stratified_kendall(x, plan.gap, design.cells) if design.n_cells < len(plan.gap)
+                                         else np.full(r, np.nan))
     point = Point(values)
     for axis, blocks in plan.psi.items():
         taus = blocks.block_taus(x, plan.gap)
         point.block_taus[axis] = taus
         values[f"psi_{axis}"] = taus.mean(axis=1) if taus.shape[1] else np.full(r, np.nan)
-    design = plan.design
     values["psi"] = mean_defined([values[f"psi_{a}"] for a in design.training_axes], r)
     values["psi_data"] = mean_defined([values[f"psi_{a}"] for a in design.data_axes], r)
     scores, names, _ = plan.cmi.scores(x)

@@ -2,8 +2,9 @@
 with their noise filter, and the ordering of replicates of one configuration.
 
 * **Environment**: an axis i together with one combination of the values of every other axis. Its pairs
-  are the pairs of runs that differ in axis i only (any two levels of it, any two draws: all the
-  cross-draw pairs, so 5 draws × 2 levels give 25 pairs per level pair). Dziugaite et al. make one
+  are the pairs of runs of one data draw that differ in axis i only (any two levels of it; the report
+  passes the draws, `plan`, so that the draw's shared offset of the gap is not scored: 5 draws × one run
+  per cell give 5 pairs per level pair; without draws, every pair of draws counts). Dziugaite et al. make one
   environment of every ordered pair of levels; here the level pairs of an axis are pooled in one
   environment (an axis of 11 ratios would otherwise make 55 environments of a few pairs each).
 * **Noise filter** (Dziugaite et al., §4 and their code's `hoeffding_weight`): a pair counts only when
@@ -24,8 +25,8 @@ with their noise filter, and the ordering of replicates of one configuration.
   averaged: `sign_error_mean` is their mean and `sign_error_worst` their largest (the robust, worst-case
   view; 0.5 is what a coin flip scores). The others are listed by name (`averaged` False), never silently
   averaged (Dziugaite et al. drop environments whose effective sample size (Σω)²/Σω² is below 12; the
-  `ess` column gives it). With 2 draws an environment of a 2-level axis holds at most 4 pairs: none is
-  averaged.
+  `ess` column gives it). With 2 draws an environment of a 2-level axis holds at most 2 pairs within
+  draws (one run per cell and draw): none is averaged.
 * **Replicate pairs** (`seed_pairs_concordant`): pairs of runs of one configuration (they differ in their
   replicate fields only). The share of them (gap ties left out, measure ties counted ½) whose measure
   difference has the gap's sign: does the measure order two replicates of one configuration the way their
@@ -139,13 +140,19 @@ def _environment_pairs(codes: pd.DataFrame, axes: list[str], axis: str) -> list[
 
 
 def environment_plan(gap: np.ndarray, codes: pd.DataFrame, axes: list[str], noise_sd: float,
-                     min_pairs: int = MIN_ENV_PAIRS) -> EnvironmentPlan:
-    """The environments of the design, their counted pairs and weights (module doc)."""
+                     min_pairs: int = MIN_ENV_PAIRS, draws: np.ndarray | None = None) -> EnvironmentPlan:
+    """The environments of the design, their counted pairs and weights (module doc); with `draws`, only the
+    pairs of runs of one draw count (the report's blocking, `plan`)."""
     gap = np.asarray(gap, dtype=float)
+    same = (lambda i, j: draws[i] == draws[j]) if draws is not None else (lambda i, j: np.ones(len(i), bool))
     rows, pi, pj, pw, starts, has = [], [], [], [], [], []
     total = 0
     for axis in axes:
         for name, i, j in _environment_pairs(codes, axes, axis):
+            within = same(i, j)
+            i, j = i[within], j[within]
+            if not len(i):
+                continue
             w = pair_weight(gap[i] - gap[j], noise_sd)
             keep = w > 0
             n = int(keep.sum())

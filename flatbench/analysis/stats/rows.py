@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from flatbench.analysis.stats.blocked import stratified_kendall
 from flatbench.analysis.stats.compare import CI_LEVEL, MIN_CI_RUNS, MIN_RUNS, Resamples
 from flatbench.analysis.stats.design import Design
 from flatbench.analysis.stats.kernels import STATISTICS, weighted_pearson, weighted_ranks, weighted_spearman
@@ -35,6 +36,8 @@ def correlation_columns(axes: list[str]) -> list[str]:
     columns = ["measure", "kind", "larger_is_sharper", "n", "n_missing"]
     for stat in STATISTICS:
         columns += [stat, f"{stat}_lo", f"{stat}_hi"]
+    columns += ["kendall_tau_pooled", "kendall_tau_within_cell", "vs_hyperparameters", "vs_hyperparameters_lo",
+                "vs_hyperparameters_hi", "beats_hyperparameters"]
     return columns + ["kendall_p", "kendall_p_method", "vs_best", "vs_best_p", "vs_best_p_holm", "vs_best_mcse",
                       "vs_best_borderline", "se_median", "se_ratio", "psi", "psi_data", *[f"psi_{a}" for a in axes],
                       *[f"p_psi_{a}" for a in axes], *[f"p_psi_holm_{a}" for a in axes], "cmi", "cmi_condition",
@@ -78,7 +81,7 @@ def empty_row(key: str, kind: str, larger_is_sharper: bool, n: int, n_missing: i
     """A row with every statistic NaN (empty labels, zero counts)."""
     row: dict[str, Any] = {c: math.nan for c in correlation_columns(axes)}
     row.update({"measure": key, "kind": kind, "larger_is_sharper": larger_is_sharper, "n": n, "n_missing": n_missing,
-                "kendall_p_method": "", "vs_best": "", "vs_best_borderline": False, "cmi_condition": "",
+                "kendall_p_method": "", "vs_best": "", "vs_best_borderline": False, "beats_hyperparameters": False, "cmi_condition": "",
                 "n_environments": 0, "n_environments_small": 0, "n_seed_pairs": 0, "note": ""})
     return row
 
@@ -137,6 +140,30 @@ def _fill_intervals(ctx: RowContext, row: dict[str, Any], key: str, values: np.n
             row[f"{stat}_lo"], row[f"{stat}_hi"] = float(lo), float(hi)
 
 
+def baseline_comparison(ctx: RowContext, rows: list[dict[str, Any]], baseline: str) -> None:
+    """Fill vs_hyperparameters (τ_row − τ_baseline over the runs both have), its 95% interval from the same
+    two-way resamples (`Resamples.diff_boot`) and beats_hyperparameters (the interval above 0): the rule of
+    `baselines`. Rows not in the resamples' data (`ref.random`) and the baseline itself are left empty."""
+    data = ctx.resamples.data
+    if baseline not in data:
+        return
+    for row in rows:
+        key = row["measure"]
+        if key == baseline or key not in data or not math.isfinite(row["kendall_tau"]):
+            continue
+        mask = ctx.resamples.mask(key, baseline)
+        diff = ctx.resamples.tau(key, mask) - ctx.resamples.tau(baseline, mask)
+        row["vs_hyperparameters"] = diff
+        if not math.isfinite(diff) or not ctx.resamples.comparable(mask):
+            continue
+        d = ctx.resamples.diff_boot(key, baseline, mask)
+        d = d[np.isfinite(d)]
+        if len(d) >= 10:
+            lo, hi = np.quantile(d, [(1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2])
+            row["vs_hyperparameters_lo"], row["vs_hyperparameters_hi"] = float(lo), float(hi)
+            row["beats_hyperparameters"] = bool(lo > 0)
+
+
 def psi_tests(ctx: RowContext, rows: list[dict[str, Any]]) -> None:
     """Fill p_psi_<axis> of the rows: the two-way bootstrap of every ψ (`psi_inference`), all the rows on
     the same runs at once (they share the resamples)."""
@@ -188,6 +215,10 @@ def measure_row(ctx: RowContext, key: str, oriented: np.ndarray, larger_is_sharp
         else:
             for stat, fn in STATISTICS.items():
                 row[stat] = float(fn(values[None, :], gap[None, :])[0])
+            row["kendall_tau_pooled"] = row["kendall_tau"]
+            row["kendall_tau"] = float(stratified_kendall(values, gap, ctx.design.draws[ok])[0])
+            if ctx.design.n_cells < len(ctx.gap):
+                row["kendall_tau_within_cell"] = float(stratified_kendall(values, gap, ctx.design.cells[ok])[0])
         _fill_intervals(ctx, row, key, values, gap, ok)
         row["kendall_p"], row["kendall_p_method"] = ctx.kendall_p.get(key, (math.nan, ""))
         if row["n"] < MIN_CI_RUNS:
