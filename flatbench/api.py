@@ -49,11 +49,12 @@ from flatbench.store import atomic_write_json, atomic_write_text, torch_load
 COLUMNS = ("measure", "key", "value", "status", "reason", "seconds")
 
 
-def as_tensors(data: Any, n_examples: int | None, batch_fn: Callable[[Any], Any] | None = None
-                ) -> tuple[Tensor, Tensor]:
+def as_tensors(data: Any, n_examples: int | None, batch_fn: Callable[[Any], Any] | None = None,
+               at_most: bool = False) -> tuple[Tensor, Tensor]:
     """(inputs, targets) from `data`: one batch (an (inputs, targets) pair of tensors, or a dict with
     `batch_fn`) or an iterable of batches (a DataLoader of (inputs, targets) tuples or [inputs, targets]
-    lists, or of dicts with `batch_fn`), the first `n_examples` of them. Targets are class indices (n,) of
+    lists, or of dicts with `batch_fn`), the first `n_examples` of them (more than the data holds is refused,
+    unless `at_most`: a default, not the caller's number). Targets are class indices (n,) of
     an integer type, or floating-point regression targets (n,) or (n, k). What cannot be used is one line."""
     if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, int)
                                    or n_examples < 1):
@@ -86,7 +87,7 @@ def as_tensors(data: Any, n_examples: int | None, batch_fn: Callable[[Any], Any]
                              f"{type(data).__name__}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise FlatbenchError(f"data: {x.shape[0]} inputs and {y.shape[0]} targets (need the same, at least one)")
-    if n_examples is not None and x.shape[0] < n_examples:  # refused, never silently capped (as in studies)
+    if n_examples is not None and x.shape[0] < n_examples and not at_most:  # refused, never silently capped (as in studies)
         raise FlatbenchError(f"n_examples={n_examples} is more than the {x.shape[0]} examples of the data")
     if n_examples is not None:
         x, y = x[:n_examples], y[:n_examples]
@@ -418,14 +419,16 @@ def settings_from_overrides(items: list[str] | tuple[str, ...]) -> dict[str, dic
 
 
 def factory_model(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
-                  seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
+                  seed: int = 0, default_n: int | None = None) -> tuple[nn.Module, Tensor, Tensor]:
     """(model, inputs, targets) of a model of one's own: `factory` (file.py:function, pkg.module:function)
     built for the dataset `data` (a built-in name or an .npz file) with the torch RNG seeded by `seed`,
     `checkpoint` loaded (a state dict, or a dict with one under `state_dict` or `model`), and `n_examples`
-    training examples (a seeded random subset; all of them for None). What `measure-model`, `verify` and
-    `check-measure --factory` measure."""
+    training examples (a seeded random subset; for None, `default_n` of them or all of fewer, all for no
+    `default_n`; a number given above the data is refused). What `measure-model`, `verify` and `check-measure --factory` measure."""
     check_dataset_name(data)
     ds = load_dataset(DataConfig(dataset=data), seed)
+    if n_examples is None and default_n is not None:
+        n_examples = min(default_n, ds.n_train)
     if n_examples is not None and n_examples > ds.n_train:  # refused, never silently capped (as in studies)
         raise FlatbenchError(f"n_examples={n_examples} is more than the {ds.n_train} training examples of {data}")
     with torch.random.fork_rng(devices=[]):
@@ -445,13 +448,14 @@ def factory_model(factory: str, data: str, *, checkpoint: str | None = None, n_e
     return model, x, y
 
 
-def factory_case(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None) -> Any:
+def factory_case(factory: str, data: str, *, checkpoint: str | None = None, n_examples: int | None = None,
+                 default_n: int | None = None) -> Any:
     """A model of one's own as a case of the invariance contract (`check-measure --factory`): `factory_model`'s
     model in float64 and eval mode on its examples (`contract.own_case`), its classes counted by a trial
     forward pass."""
     from flatbench.measures.contract import own_case  # lazy: the contract builds its catalogue on demand
 
-    model, x, y = factory_model(factory, data, checkpoint=checkpoint, n_examples=n_examples)
+    model, x, y = factory_model(factory, data, checkpoint=checkpoint, n_examples=n_examples, default_n=default_n)
     case = own_case(f"own:{factory}", model, x, y, 0)
     return own_case(case.name, case.model, case.inputs, case.targets,
                     trial_forward(case.model, case.inputs, case.targets, get_loss("ce")))

@@ -373,12 +373,12 @@ def describe(name: str, plugins: tuple[str, ...], markdown: bool) -> None:
               "pkg.module:function (with --data; then the catalogue only where --cases names it).")
 @click.option("--data", "dataset", default=None, help="The dataset of --factory: a built-in name or an .npz file.")
 @click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into --factory's model.")
-@click.option("--n-examples", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Training examples --factory's model is measured on.")
+@click.option("--n-examples", type=click.IntRange(min=1), default=None,
+              help="Training examples --factory's model is measured on [default: 64, or all of fewer].")
 @click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True, max=7 * 24 * 3600), default=3600.0,
               show_default=True, help="Seconds one call of the measure may take (as measure.timeout_s).")
 def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, families: str | None,
-                  factory: str | None, dataset: str | None, checkpoint: str | None, n_examples: int,
+                  factory: str | None, dataset: str | None, checkpoint: str | None, n_examples: int | None,
                   timeout_s: float) -> None:
     """Check NAME's declared invariances on the catalogue of small trained models (or on --factory's model),
     rescaled with large random factors by every family; show which undeclared ones break it; check that it
@@ -395,7 +395,7 @@ def check_measure(name: str, plugins: tuple[str, ...], cases: str | None, famili
     if factory is not None:
         from flatbench.api import factory_case
 
-        chosen_cases.append(factory_case(factory, dataset, checkpoint=checkpoint, n_examples=n_examples))
+        chosen_cases.append(factory_case(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, default_n=64))
     chosen_families = _choices(families, FAMILIES, "family")
     click.echo(f"checking {spec.name} ({spec.origin if spec.origin != 'builtin' else 'built-in'}; declared "
                f"invariant to: {', '.join(sorted(spec.invariant_to)) or 'none'}) on {len(chosen_cases)} trained "
@@ -422,14 +422,14 @@ def _choices(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str
 @click.option("--data", "dataset", required=True,
               help="The dataset: a built-in name (mnist_mini, mnist, fashion_mnist, cifar10) or an .npz file.")
 @click.option("--checkpoint", default=None, help="A state dict (torch.save) to load into the model.")
-@click.option("--n-examples", type=click.IntRange(min=1), default=32, show_default=True, help="Examples used.")
+@click.option("--n-examples", type=click.IntRange(min=1), help="Examples used [default: 32, or all of fewer].")
 @click.option("--params", "max_params", type=click.IntRange(min=1), default=200, show_default=True,
               help="Parameters compared (a seeded slice of every tensor; one backward pass each).")
 @click.option("--loss", default="ce", show_default=True, help="ce, normalized_ce, mse, or file.py:function.")
 @click.option("--hvp-mode", default="auto", show_default=True,
               type=click.Choice(["auto", "rev_fwd", "fwd_rev", "double_backward"]), help="The HVP mode to verify.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the model's init, the slice and probes.")
-def verify(factory: str, dataset: str, checkpoint: str | None, n_examples: int, max_params: int, loss: str,
+def verify(factory: str, dataset: str, checkpoint: str | None, n_examples: int | None, max_params: int, loss: str,
            hvp_mode: str, seed: int) -> None:
     """Check flatbench's curvature on FACTORY's model (with --checkpoint weights) against its dense Hessian,
     in float64, on the model or a slice of --params of its parameters: each HVP mode, the shared diagonal,
@@ -437,7 +437,7 @@ def verify(factory: str, dataset: str, checkpoint: str | None, n_examples: int, 
     from flatbench.api import factory_model  # lazy: `flatbench --help` must not import torch
     from flatbench.verification import format_table, verify as run_verify
 
-    model, x, y = factory_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, seed=seed)
+    model, x, y = factory_model(factory, dataset, checkpoint=checkpoint, n_examples=n_examples, seed=seed, default_n=32)
     df = run_verify(model, (x, y), loss=loss, n_examples=None, max_params=max_params, seed=seed, hvp_mode=hvp_mode)
     for line in format_table(df):
         click.echo(line)

@@ -209,13 +209,14 @@ def _estimate(check: str, got: float, ref: float, stderr: float | None, note: st
                "; ".join(t for t in (text, note) if t))
 
 
-def verify(model: nn.Module, data: Any, *, loss: str | Callable = "ce", n_examples: int | None = DEFAULT_EXAMPLES,
+def verify(model: nn.Module, data: Any, *, loss: str | Callable = "ce", n_examples: int | None = None,
            batch_fn: Callable[[Any], Any] | None = None,
            max_params: int = DEFAULT_PARAMS, seed: int = 0, hvp_mode: str = "auto", chunk_size: int = 2000) -> Any:
     """Check flatbench's curvature on `model` and `data` against the dense Hessian (see the module doc).
 
     `data`: an (inputs, targets) pair or a DataLoader (dict batches with `batch_fn`, as `measure` takes
-    them), of which the first `n_examples` are used (the dense Hessian costs one backward pass per slice
+    them), of which the first `n_examples` are used (default: the first `DEFAULT_EXAMPLES`, or all of fewer;
+    a number above the data is refused) (the dense Hessian costs one backward pass per slice
     entry over them). `max_params`: the slice's size (a model this
     small is taken whole). `hvp_mode`: the mode to verify as flatbench uses it. Returns a DataFrame with one row
     per check (`COLUMNS`); `df.attrs["failed"]` counts the checks of flatbench's own results that failed, and
@@ -226,7 +227,8 @@ def verify(model: nn.Module, data: Any, *, loss: str | Callable = "ce", n_exampl
         raise FlatbenchError(f"hvp_mode must be one of {', '.join(HVP_MODES)}, got {hvp_mode!r}")
     if isinstance(max_params, bool) or not isinstance(max_params, int) or max_params < 1:
         raise FlatbenchError(f"max_params must be a positive integer, got {max_params!r}")
-    x, y = as_tensors(data, n_examples, batch_fn)
+    x, y = as_tensors(data, DEFAULT_EXAMPLES if n_examples is None else n_examples, batch_fn,
+                      at_most=n_examples is None)
     x = x.double() if x.is_floating_point() else x
     loss_fn = get_loss(loss)
     net = copy_model(model).double().eval()

@@ -55,7 +55,8 @@ def find_audits(exp_dirs: list[Path]) -> list[Audit]:
     """Every readable audit_correlations.csv in the folders and their direct subfolders (not runs/)."""
     out = []
     for exp in exp_dirs:
-        paths = [exp / AUDIT_CSV, *sorted(p / AUDIT_CSV for p in exp.iterdir() if p.is_dir() and p.name != "runs")]
+        paths = [exp / AUDIT_CSV, *sorted(p / AUDIT_CSV for p in exp.iterdir() if p.is_dir() and p.name != "runs"
+                                                      and not p.name.startswith("."))]
         for path in paths:
             if not path.is_file():
                 continue

@@ -160,7 +160,7 @@ def verdict_table(ctx: Any) -> Table:
     name = tau_name(ctx.analysis)
     headers = ["#", "measure", "family", "n", f"Kendall {name} [95% CI]", "vs best (Holm p)", "τ pooled / within cell",
                "vs baseline: Δτ", "Ψ",
-               *[f"ψ {short_axis(a)}" for a in axes], "CMI", "sign error mean", "sign error worst",
+               *[f"ψ `{short_axis(a)}`" for a in axes], "CMI", "sign error mean", "sign error worst",
                "audit: largest |Δτ|",
                *[f"τ `{m}`" + (f" (n {next(iter(sizes[m]))})" if same[m] else "") for m in models]]
     rows, colors = [], {}

@@ -26,7 +26,7 @@ def _walk(folder: Path) -> tuple[list[Path], list[Path]]:
     for top, subdirs, names in os.walk(folder):
         rel = Path(top).relative_to(folder)
         if rel == Path("."):
-            subdirs[:] = [d for d in subdirs if d not in NOT_THE_REPORTS and not d.startswith(PREFIX)]
+            subdirs[:] = [d for d in subdirs if d not in NOT_THE_REPORTS and PREFIX not in d]
         dirs += [rel / d for d in subdirs]
         files += [rel / n for n in names]
     return files, dirs
@@ -38,7 +38,7 @@ def kept_on_failure(folder: Path) -> Iterator[None]:
     file or folder), then the exception goes on."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    kept = Path(tempfile.mkdtemp(prefix=PREFIX, dir=folder))
+    kept = _kept_folder(folder)
     try:
         files, dirs = _walk(folder)
         for rel in files:
@@ -54,6 +54,35 @@ def kept_on_failure(folder: Path) -> Iterator[None]:
             raise
     finally:
         shutil.rmtree(kept, ignore_errors=True)
+
+
+def _kept_folder(folder: Path) -> Path:
+    """A fresh folder for the kept links: beside `folder`, not in it, so that nothing reading the report
+    folder while the report is written (the audit digest looks for audit folders in it) takes the kept copies
+    for the report's own; in it (a hidden folder the readers skip) only where its parent cannot be written.
+    Folders left by a report killed with kill -9 (their pid dead) are removed first."""
+    parent = folder.resolve().parent
+    prefix = f".{folder.resolve().name}{PREFIX}"
+    for left in parent.glob(f"{prefix}*"):
+        pid = left.name[len(prefix):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    for where in (parent, folder):
+        try:
+            return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where))
+        except OSError:
+            continue
+    raise OSError(f"cannot write beside or in {folder}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _restore(folder: Path, kept: Path, files: set[Path], dirs: set[Path]) -> None:

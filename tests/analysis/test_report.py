@@ -13,7 +13,7 @@ import pytest
 
 from flatbench.analysis.report import plot_filename, write_report
 from flatbench.analysis.table import build_table
-from flatbench.config import ReportConfig
+from flatbench.config import ReportConfig, run_config_from_dict
 from flatbench.errors import FlatbenchError
 
 RATIOS = (0.0, 0.25, 0.5, 0.75)
@@ -21,26 +21,28 @@ SEEDS = (0, 1)
 
 
 def write_experiment(root: Path, name: str, *, dataset: str = "mnist_mini", model: str = "mlp",
-                     seed: int = 0, study_yaml: bool = True) -> Path:
+                     seed: int = 0, study_yaml: bool = True, real_ids: bool = False) -> Path:
     """An experiment folder in the layout training and measuring write: 4 ratios × 2 seeds.
 
     `tracks` grows with the gap over two decades (log axis), `noise` is random, `flat` is a measure
     registered (in the tests) with larger_is_sharper=False and decreases with the gap; there is also a
-    per-layer detail, a loss-suffixed key, a not-applicable and a failed measure.
+    per-layer detail, a loss-suffixed key, a not-applicable and a failed measure. `real_ids`: the folders named
+    by their configs' run ids, as `flatbench report` (which refuses a run.json describing another run) needs.
     """
     rng = np.random.default_rng(seed)
     exp = root / name
     for ratio in RATIOS:
         for s in SEEDS:
-            run_id = f"{model}-{dataset}-r{ratio:.2f}-s{s}"
+            config = {"seed": s, "data": {"dataset": dataset, "random_label_ratio": ratio, "n_train": None},
+                      "model": {"name": model, "widths": [512, 512]}, "train": {"lr": 0.001}}
+            run_id = run_config_from_dict(config).run_id() if real_ids else f"{model}-{dataset}-r{ratio:.2f}-s{s}"
             run_dir = exp / "runs" / run_id
             run_dir.mkdir(parents=True)
             test_acc = 0.97 - 0.8 * ratio + rng.normal(0, 0.02)
             gap = 0.99 - test_acc
             info = {
                 "run_id": run_id, "status": "finished",
-                "config": {"seed": s, "data": {"dataset": dataset, "random_label_ratio": ratio, "n_train": None},
-                           "model": {"name": model, "widths": [512, 512]}, "train": {"lr": 0.001}},
+                "config": config,
                 "sweep_axes": ["data.random_label_ratio", "seed"],
                 "dataset": {"name": dataset, "num_classes": 10, "n_train": 6000, "n_test": 1000},
                 "labels": {"scheme": "uniform", "ratio": ratio, "n_corrupted": int(6000 * ratio),
@@ -85,7 +87,7 @@ def test_report_seed_is_an_option(tmp_path):
 
     from flatbench.cli import cli
 
-    exp = write_experiment(tmp_path, "seeded", study_yaml=False)
+    exp = write_experiment(tmp_path, "seeded", study_yaml=False, real_ids=True)
     result = CliRunner().invoke(cli, ["report", str(exp), "--seed", "3", "--quiet"])
     assert result.exit_code == 0, result.output
     md = (exp / "report.md").read_text()
