@@ -7,6 +7,8 @@ done with the trained runs), plus `name`, `seed` and `out`. Any field of `seed`,
 A field whose value is itself a list (`model.widths`) is swept with a list of lists.
 `data.random_label_ratio` also accepts `{uniform: N}`: N ratios drawn uniformly in [0, 1] from the study's
 (first) seed, as Tsuzuku et al. draw one ratio per model.
+A `sample` section draws n configurations as a Latin hypercube (`flatbench.config.sample`), crossed with
+the seeds and the grid lists like one more axis.
 """
 
 from __future__ import annotations
