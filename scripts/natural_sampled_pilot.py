@@ -75,6 +75,13 @@ def decompose(gap: np.ndarray) -> dict[str, float]:
             "F_cell": (ss_cell / df_cell) / ms_err, "residual_sd": float(np.sqrt(ms_err))}
 
 
+def leave_one_cell_out(gap: np.ndarray) -> tuple[float, int]:
+    """The smallest partial ω² of the cells with one cell left out, and that cell's column: whether the
+    cells' share rests on a single configuration."""
+    values = [decompose(np.delete(gap, j, axis=1))["omega2_cell"] for j in range(gap.shape[1])]
+    return min(values), int(np.argmin(values))
+
+
 def gap_table(infos: list[dict], key: str) -> tuple[np.ndarray, list[int], list[int]]:
     """draws × cells table of one gap over the cells whose every run reached the endpoint."""
     draws = sorted({i["config"]["seed"] for i in infos})
@@ -103,10 +110,12 @@ def report(infos: list[dict]) -> None:
             print(f"{key}: fewer than 2 complete cells or draws, no decomposition")
             continue
         r = decompose(table)
+        low, without = leave_one_cell_out(table) if table.shape[1] > 2 else (float("nan"), -1)
         print(f"{key} ~ draw + cell ({table.shape[0]} draws x {len(complete)} cells"
               + (f"; cells {dropped} left out: a run missed the endpoint" if dropped else "") + "): "
               f"draw share {r['draw_share']:.3f}, cell share {r['cell_share']:.3f}, residual share "
               f"{r['error_share']:.3f}; partial omega^2 cells {r['omega2_cell']:.3f}, draws {r['omega2_draw']:.3f}; "
+              f"(at least {low:.3f} with one cell left out: {complete[without] if without >= 0 else '-'}); "
               f"F(cells) {r['F_cell']:.1f}; residual sd {r['residual_sd']:.4f}; range of the gap "
               f"{table.min():.4f} .. {table.max():.4f}, of the cell means {table.mean(axis=0).min():.4f} .. "
               f"{table.mean(axis=0).max():.4f}")

@@ -154,3 +154,13 @@ def test_the_pilot_decomposition_finds_what_was_planted():
     assert abs(none["omega2_cell"]) < 0.05 and none["draw_share"] > 0.95
     total = strong["draw_share"] + strong["cell_share"] + strong["error_share"]
     assert total == pytest.approx(1.0)
+
+
+def test_leave_one_cell_out_finds_a_share_resting_on_one_cell():
+    pilot = load_script("natural_sampled_pilot")
+    rng = np.random.default_rng(1)
+    gap = rng.normal(0, 0.1, (6, 8))
+    gap[:, 5] += 5.0  # one outlying configuration carries all the between-cell variance
+    assert pilot.decompose(gap)["omega2_cell"] > 0.9
+    low, cell = pilot.leave_one_cell_out(gap)
+    assert cell == 5 and low < 0.2
