@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from flatbench.config.parse import parse_study  # noqa: E402
+from flatbench.config.parse import load_study, parse_study  # noqa: E402
 from flatbench.store import read_json  # noqa: E402
 from flatbench.study.train import train_study  # noqa: E402
 
@@ -131,12 +131,21 @@ def main() -> None:
     ap.add_argument("--design-seed", type=int, default=0)
     ap.add_argument("--plan", default="24x10", help="CELLSxDRAWS of the study whose cost is extrapolated")
     ap.add_argument("--out", default="/tmp/natural_sampled_pilot")
+    ap.add_argument("--config", default=None, help="a sampled study config to decompose instead of the pilot's "
+                    "(e.g. configs/cpu/natural_sampled.yaml with --out results/cpu: its finished runs are read, "
+                    "the others trained)")
     args = ap.parse_args()
-    study = parse_study(study_config(args.dataset, args.n_train, args.cells, args.draws, args.epochs,
-                                     args.design_seed), out=args.out)
-    print(f"{study.name}: {len(study.runs)} runs ({args.cells} cells x {args.draws} draws), n_train "
-          f"{args.n_train}, full test set, endpoint train CE 0.01 (tolerance 5%), at most {args.epochs} epochs",
-          flush=True)
+    if args.config:
+        study = load_study(args.config, out=args.out)
+        args.cells, args.draws = len({r.sample_cell for _, r in study.runs}), len({r.seed for _, r in study.runs})
+    else:
+        study = parse_study(study_config(args.dataset, args.n_train, args.cells, args.draws, args.epochs,
+                                         args.design_seed), out=args.out)
+    first = study.runs[0][1]
+    print(f"{study.name}: {len(study.runs)} runs ({args.cells} cells x {args.draws} draws), {first.data.dataset}, "
+          f"n_train {first.data.n_train}, test set {first.data.n_test or 'full'}, endpoint train CE "
+          f"{first.train.target_train_loss} (tolerance {first.train.endpoint_tolerance}), at most "
+          f"{first.train.epochs} epochs", flush=True)
     t0 = time.perf_counter()
     train_study(study, torch.device("cpu"), quiet=True)
     wall = time.perf_counter() - t0

@@ -164,3 +164,31 @@ def test_leave_one_cell_out_finds_a_share_resting_on_one_cell():
     assert pilot.decompose(gap)["omega2_cell"] > 0.9
     low, cell = pilot.leave_one_cell_out(gap)
     assert cell == 5 and low < 0.2
+
+
+def test_the_sampled_natural_studies_keep_the_referees_design():
+    """Issue 42: the full test set for every draw, 1,000 to 2,000 training images, at least 10 draws crossed
+    with the sampled configurations, width and weight decay among the sampled axes, the accuracy gap as the
+    report's gap, and a second dataset with the same design."""
+    from pathlib import Path
+
+    import yaml
+
+    from flatbench.config import load_study
+
+    root = Path(__file__).resolve().parents[1] / "configs" / "cpu"
+    fashion, mnist = load_study(root / "natural_sampled.yaml"), load_study(root / "natural_sampled_mnist.yaml")
+    for study in (fashion, mnist):
+        runs = [r for _, r in study.runs]
+        assert all(r.data.n_test is None and 1000 <= r.data.n_train <= 2000 for r in runs)
+        assert len({r.seed for r in runs}) >= 10 and all(r.data.seed is None for r in runs)
+        cells = Counter(r.sample_cell for r in runs)
+        assert len(cells) >= 10 and set(cells.values()) == {len({r.seed for r in runs})}  # crossed
+        assert {"train.lr", "train.weight_decay", "model.widths"} <= set(study.sweep_axes)
+        assert study.report.gap == "acc" and all(r.train.target_train_loss == 0.01 for r in runs)
+    assert {r.data.dataset for _, r in fashion.runs} == {"fashion_mnist"}
+    assert {r.data.dataset for _, r in mnist.runs} == {"mnist"}
+    a, b = (yaml.safe_load((root / f).read_text()) for f in ("natural_sampled.yaml", "natural_sampled_mnist.yaml"))
+    for raw in (a, b):
+        raw.pop("name"), raw["data"].pop("dataset")
+    assert a == b
