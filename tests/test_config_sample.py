@@ -192,3 +192,23 @@ def test_the_sampled_natural_studies_keep_the_referees_design():
     for raw in (a, b):
         raw.pop("name"), raw["data"].pop("dataset")
     assert a == b
+
+
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)
+                       | st.text(max_size=8), lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(st.text(max_size=12), inner, max_size=3), max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(method=st.sampled_from(["latin_hypercube", "grid", 3]), n=st.one_of(st.integers(-2, 12), _VALUES),
+       field=st.sampled_from([*AXES, "train.epochs", "model.widths", "data.n_train", "train.lr.x", "x"]),
+       spec=st.one_of(_VALUES, st.dictionaries(st.sampled_from(["uniform", "log_uniform", "uniform_int",
+                                                                  "log_uniform_int", "choice"]), _VALUES,
+                                               min_size=1, max_size=2)))
+def test_any_sample_section_parses_or_is_one_config_error(method, n, field, spec):
+    try:
+        study = parse_study({"sample": {"method": method, "n": n, "axes": {field: spec}}})
+    except ConfigError as err:
+        assert "\n" not in str(err)
+    else:
+        assert len(study.runs) == n
