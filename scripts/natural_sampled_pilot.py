@@ -99,7 +99,8 @@ def report(infos: list[dict]) -> None:
         cfg = runs[0]["config"]
         print(f"  cell {cell}: lr {cfg['train']['lr']:.3g}, wd {cfg['train']['weight_decay']:.3g}, widths "
               f"{cfg['model']['widths']}, bn {cfg['model']['batch_norm']}, batch {cfg['train']['batch_size']}: "
-              f"gap acc {np.mean([r['gap_acc'] for r in runs]):.4f} (sd {np.std([r['gap_acc'] for r in runs], ddof=1):.4f}), "
+              f"gap acc {np.mean([r['gap_acc'] for r in runs]):.4f} "
+              f"(sd {np.std([r['gap_acc'] for r in runs], ddof=1):.4f}), "
               f"loss {np.mean([r['gap_loss'] for r in runs]):.3f}, epochs "
               f"{min(r['epochs'] for r in runs)}-{max(r['epochs'] for r in runs)}, "
               f"{np.mean([r['seconds'] for r in runs]):.1f} s per run, "

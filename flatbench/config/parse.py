@@ -27,8 +27,9 @@ import yaml
 
 from flatbench import strict_yaml
 from flatbench.config.sample import check_axes, draw, parse_sample, resolve_hidden
-from flatbench.config.schema import (EXECUTION_ONLY_KEYS, SECTIONS, TOP_LEVEL, DataConfig, MeasureConfig, ModelConfig, ReportConfig,
-                                     RunConfig, Study, TrainConfig, snapshot_folder_name)
+from flatbench.config.schema import (EXECUTION_ONLY_KEYS, SECTIONS, TOP_LEVEL, DataConfig, MeasureConfig,
+                                     ModelConfig, ReportConfig, RunConfig, Study, TrainConfig,
+                                     snapshot_folder_name)
 from flatbench.errors import ConfigError, did_you_mean
 from flatbench.seeding import make_generator
 from flatbench.store import gap_column
