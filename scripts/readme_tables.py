@@ -31,6 +31,11 @@ def config_reference() -> str:
     lines.append("| `out` | str | `results` | results root (the CLI's `--out` wins) |")
     lines.append("| `seed` | int | 0 | the run's seed; every random stream is derived from it and the fields that "
                  "shape the stream (labels, init, batches, probes) |")
+    lines.append("| `sample` | mapping | none | sampled configurations: `{method: latin_hypercube, n: N, seed: S, "
+                 "axes: {FIELD: {DISTRIBUTION: [...]}}}`, crossed with the seeds like a grid axis "
+                 "([Sampled hyperparameters](#sampled-hyperparameters)) |")
+    lines.append("| `sample_cell` | int | none | written by flatbench into each run's config in a sampled study: its "
+                 "configuration's index 0..n-1 (not part of the run's identity; not given in a config) |")
     for section, cls in SECTIONS.items():
         body = ast.parse(inspect.getsource(cls)).body[0].body
         docs: dict[str, str] = {}

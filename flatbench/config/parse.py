@@ -7,6 +7,8 @@ done with the trained runs), plus `name`, `seed` and `out`. Any field of `seed`,
 A field whose value is itself a list (`model.widths`) is swept with a list of lists.
 `data.random_label_ratio` also accepts `{uniform: N}`: N ratios drawn uniformly in [0, 1] from the study's
 (first) seed, as Tsuzuku et al. draw one ratio per model.
+A `sample` section draws n configurations as a Latin hypercube (`flatbench.config.sample`), crossed with
+the seeds and the grid lists like one more axis.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import torch
 import yaml
 
 from flatbench import strict_yaml
-from flatbench.config.schema import (SECTIONS, TOP_LEVEL, DataConfig, MeasureConfig, ModelConfig, ReportConfig,
-                                     RunConfig, Study, TrainConfig, snapshot_folder_name)
+from flatbench.config.sample import check_axes, draw, parse_sample, resolve_hidden
+from flatbench.config.schema import (EXECUTION_ONLY_KEYS, SECTIONS, TOP_LEVEL, DataConfig, MeasureConfig,
+                                     ModelConfig, ReportConfig, RunConfig, Study, TrainConfig,
+                                     snapshot_folder_name)
 from flatbench.errors import ConfigError, did_you_mean
 from flatbench.seeding import make_generator
 from flatbench.store import gap_column
@@ -157,6 +161,8 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         except (yaml.YAMLError, RecursionError):
             raise ConfigError(f"override '{item}': the value is not valid YAML") from None
         parts = key.split(".")
+        if parts[:2] == ["sample", "axes"] and len(parts) > 3:  # an axis name is itself dotted: train.lr
+            parts = [*parts[:2], ".".join(parts[2:4]), *parts[4:]]
         if parts[0] not in TOP_LEVEL:
             raise ConfigError(f"unknown key '{parts[0]}' in override '{item}'{did_you_mean(parts[0], TOP_LEVEL)}"
                               f" (valid top-level keys: {', '.join(TOP_LEVEL)})")
@@ -406,6 +412,62 @@ def _validate_measure(cfg: MeasureConfig) -> None:
                 raise ConfigError(f"measure.settings.{name}.{key}: expected a finite number, got {value!r}")
 
 
+def sampled_cells(raw: dict) -> list[tuple[int | None, dict[str, Any]]]:
+    """The configurations of the config's `sample` section (`flatbench.config.sample`) as (cell index,
+    {"section.key": value}) pairs, the values checked against the fields' types; [(None, {})] without one."""
+    if "sample" not in raw:
+        return [(None, {})]
+    spec = parse_sample(raw["sample"])
+    kinds = {f"{s}.{k}": t for s in ("data", "model", "train") for k, t in field_types(SECTIONS[s]).items()}
+    check_axes(spec, raw, kinds, EXECUTION_ONLY_KEYS)
+    widths = (raw.get("model") or {}).get("widths") or list(ModelConfig().widths)
+    cells: list[tuple[int | None, dict[str, Any]]] = []
+    first: dict[str, int] = {}
+    for i, cell in enumerate(draw(spec)):
+        values = {k: _coerce(v, kinds[k], f"sample.axes.{k}") for k, v in resolve_hidden(cell, widths).items()}
+        key = repr(sorted(values.items()))
+        if key in first:
+            raise ConfigError(f"sample: cells {first[key]} and {i} drew the same values ({values}): n = {spec.n} is "
+                              "more configurations than the axes' choices give; lower n or add a range axis")
+        first[key] = i
+        cells.append((i, values))
+    return cells
+
+
+def _expand(axes: list[tuple[str, str, list[Any]]],
+            cells: list[tuple[int | None, dict[str, Any]]]) -> list[tuple[str, RunConfig]]:
+    """The runs of a study: the sampled cells crossed with the cartesian product of the grid axes (a cell's
+    values win over a one-value grid axis of the same field, `model.widths` under `model.hidden_depth`)."""
+    runs: list[tuple[str, RunConfig]] = []
+    seen: dict[str, RunConfig] = {}
+    for combo in itertools.product(*(values for _, _, values in axes)):
+        for cell_index, cell in cells:
+            per_section: dict[str, dict] = {"data": {}, "model": {}, "train": {}}
+            seed = 0
+            for (section, key, _), value in zip(axes, combo):
+                if section:
+                    per_section[section][key] = value
+                else:
+                    seed = value
+            for name, value in cell.items():
+                section, key = name.split(".", 1)
+                per_section[section][key] = value
+            run = RunConfig(seed=seed, data=DataConfig(**per_section["data"]),
+                            model=ModelConfig(**per_section["model"]), train=TrainConfig(**per_section["train"]),
+                            sample_cell=cell_index)
+            _validate_choices(run)
+            rid = run.run_id()
+            if rid in seen:
+                if seen[rid].identity() == run.identity():
+                    continue  # the same run twice (e.g. {uniform: N} drew one ratio twice at 4 decimals)
+                raise ConfigError(f"two runs of the sweep would share the id '{rid}'")
+            seen[rid] = run
+            runs.append((rid, run))
+    if not runs:
+        raise ConfigError("the sweep has no runs")
+    return runs
+
+
 def parse_study(raw: dict, default_name: str = "study", out: str | None = None, source: str | None = None) -> Study:
     """Validate a raw config dict and expand its sweep into runs. `source`: the file it was read from, named
     where the file itself has the wrong shape."""
@@ -448,29 +510,10 @@ def parse_study(raw: dict, default_name: str = "study", out: str | None = None, 
                 values = _axis_values(section, key, value, types[key])
             axes.append((section, key, values))
 
+    cells = sampled_cells(raw)
     swept = tuple(f"{s}.{k}" if s else k for s, k, v in axes if len(v) > 1)
-    runs: list[tuple[str, RunConfig]] = []
-    seen: dict[str, RunConfig] = {}
-    for combo in itertools.product(*(values for _, _, values in axes)):
-        per_section: dict[str, dict] = {"data": {}, "model": {}, "train": {}}
-        seed = 0
-        for (section, key, _), value in zip(axes, combo):
-            if section:
-                per_section[section][key] = value
-            else:
-                seed = value
-        run = RunConfig(seed=seed, data=DataConfig(**per_section["data"]),
-                        model=ModelConfig(**per_section["model"]), train=TrainConfig(**per_section["train"]))
-        _validate_choices(run)
-        rid = run.run_id()
-        if rid in seen:
-            if seen[rid].identity() == run.identity():
-                continue  # the same run twice (e.g. {uniform: N} drew one ratio twice at 4 decimals)
-            raise ConfigError(f"two runs of the sweep would share the id '{rid}'")
-        seen[rid] = run
-        runs.append((rid, run))
-    if not runs:
-        raise ConfigError("the sweep has no runs")
+    swept += tuple(k for k in cells[0][1] if len(cells) > 1 and k not in swept)
+    runs = _expand(axes, cells)
 
     mraw = dict(raw.get("measure") or {})
     mtypes = field_types(MeasureConfig)
@@ -515,8 +558,10 @@ def run_config_from_dict(d: dict) -> RunConfig:
             values["vectorize"] = parse_vectorize(values["vectorize"])
         return cls(**{k: _coerce(v, types[k], f"{section}.{k}") for k, v in values.items() if k in types})
 
+    cell = d.get("sample_cell")
     return RunConfig(seed=_coerce(d.get("seed", 0), int, "seed"), data=build("data", DataConfig),
-                     model=build("model", ModelConfig), train=build("train", TrainConfig))
+                     model=build("model", ModelConfig), train=build("train", TrainConfig),
+                     sample_cell=None if cell is None else _coerce(cell, int, "sample_cell"))
 
 
 

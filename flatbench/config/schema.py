@@ -227,9 +227,18 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sample_cell: int | None = None
+    """The run's configuration in a sampled study (`sample`): its index 0..n-1 in the design, the same for
+    every seed, so that an analysis groups the runs of a cell by one number. A label, not part of the run's
+    identity (`DESIGN_LABEL_KEYS`): the sampled values themselves are in the run's fields; a run trained by
+    another study with the same values keeps that study's index."""
 
     def to_dict(self) -> dict:
-        return to_plain(self)
+        """Plain dict (what run.json stores); `sample_cell` only in a sampled study's runs."""
+        out = to_plain(self)
+        if out["sample_cell"] is None:
+            del out["sample_cell"]
+        return out
 
     @property
     def data_seed(self) -> int:
@@ -241,7 +250,8 @@ class RunConfig:
         say how it is executed (`EXECUTION_ONLY_KEYS`) and those at their default value (so a later
         version that adds a key with a default keeps every existing run's id)."""
         return {k: v for k, v in dotted(self.to_dict()).items()
-                if k not in EXECUTION_ONLY_KEYS and v != _DEFAULT_IDENTITY.get(k, _MISSING)}
+                if k not in EXECUTION_ONLY_KEYS and k not in DESIGN_LABEL_KEYS
+                and v != _DEFAULT_IDENTITY.get(k, _MISSING)}
 
     def config_hash(self) -> str:
         """sha256 of `identity()` (canonical JSON), 16 hex digits: stored in run.json and checkpoints."""
@@ -293,6 +303,8 @@ EXECUTION_ONLY_KEYS = frozenset({"data.root", "data.download", "train.eval_batch
                                  "train.compile", "train.channels_last", "train.workers"})
 """Fields that change where the data come from or how a run is executed, never the model it trains:
 not part of a run's identity (a run may be resumed or moved with other values)."""
+DESIGN_LABEL_KEYS = frozenset({"sample_cell"})
+"""Fields that say where a run sits in its study's design, never what it trains: not part of its identity."""
 RUN_ID_HASH_CHARS = 8
 """Hex digits of the config hash in a run id (a collision is detected, see `train.check_run_dir`)."""
 _MISSING = object()
@@ -300,7 +312,7 @@ _MISSING = object()
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
             "measure": MeasureConfig, "report": ReportConfig}
 SWEEPABLE = ("seed", "data", "model", "train")
-TOP_LEVEL = ("name", "out", "seed", *SECTIONS)
+TOP_LEVEL = ("name", "out", "seed", *SECTIONS, "sample")
 
 
 def to_plain(obj: Any) -> Any:
