@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from flatbench.analysis.stats.anova import variance_decomposition  # noqa: E402
 from flatbench.config.parse import load_study, parse_study  # noqa: E402
 from flatbench.store import read_json  # noqa: E402
 from flatbench.study.train import train_study  # noqa: E402
@@ -56,23 +57,17 @@ def study_config(dataset: str, n_train: int, cells: int, draws: int, epochs: int
 
 
 def decompose(gap: np.ndarray) -> dict[str, float]:
-    """Two-way ANOVA without interaction of a complete draws × cells table (one value each): the draws'
-    share of the total sum of squares and the partial ω² of the cells and of the draws."""
+    """Two-way ANOVA without interaction of a complete draws × cells table (one value each), by the report's
+    own `variance_decomposition` (variance.csv): the shares of the sum of squares, the partial ω² of the
+    cells and of the draws, the cells' F and the residual standard deviation."""
     d, c = gap.shape
-    grand = gap.mean()
-    ss_draw = c * float(((gap.mean(axis=1) - grand) ** 2).sum())
-    ss_cell = d * float(((gap.mean(axis=0) - grand) ** 2).sum())
-    ss_total = float(((gap - grand) ** 2).sum())
-    ss_err = ss_total - ss_draw - ss_cell
-    df_draw, df_cell, df_err, n = d - 1, c - 1, (d - 1) * (c - 1), d * c
-    ms_err = ss_err / df_err
-
-    def omega(ss: float, df: int) -> float:
-        return (ss - df * ms_err) / (ss + (n - df) * ms_err)
-
-    return {"draw_share": ss_draw / ss_total, "cell_share": ss_cell / ss_total, "error_share": ss_err / ss_total,
-            "omega2_cell": omega(ss_cell, df_cell), "omega2_draw": omega(ss_draw, df_draw),
-            "F_cell": (ss_cell / df_cell) / ms_err, "residual_sd": float(np.sqrt(ms_err))}
+    draws, cells = np.repeat(np.arange(d), c), np.tile(np.arange(c), d)
+    rows = variance_decomposition(gap.ravel(), draws, cells).set_index("effect")
+    residual = rows.loc["residual"]
+    return {"draw_share": rows.loc["draw", "share"], "cell_share": rows.loc["cell", "share"],
+            "error_share": residual["share"], "omega2_cell": rows.loc["cell", "partial_omega2"],
+            "omega2_draw": rows.loc["draw", "partial_omega2"], "F_cell": rows.loc["cell", "F"],
+            "residual_sd": float(np.sqrt(residual["ss"] / residual["df"]))}
 
 
 def leave_one_cell_out(gap: np.ndarray) -> tuple[float, int]:
