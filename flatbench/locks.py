@@ -60,7 +60,8 @@ class RunLocked(FlatbenchError):
     """Another live process holds this run's lock."""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host is alive (a process of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -89,7 +90,7 @@ class RunLock:
         except (OSError, ValueError):
             return True
         if host == socket.gethostname():
-            return not _pid_alive(int(pid)) or int(pid) == os.getpid()
+            return not pid_alive(int(pid)) or int(pid) == os.getpid()
         return age > self.stale_after
 
     def acquire(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from flatbench.errors import CheckpointError, ConfigError, FlatbenchError, one_line
+from flatbench.locks import pid_alive
 
 GAPS = ("acc", "loss")
 """The generalization gaps a run records (table.csv columns gap_acc, gap_loss) and a report correlates
@@ -75,7 +76,7 @@ def _left_over(name: str, age: float) -> bool:
     writer = _TEMP_WRITER.search(name)
     if writer and writer.group(2) == socket.gethostname():
         pid = int(writer.group(1))
-        return pid != os.getpid() and not _pid_alive(pid)
+        return pid != os.getpid() and not pid_alive(pid)
     return age > TEMP_STALE_AFTER
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from flatbench.locks import pid_alive
 from flatbench.store import RUNS_DIR
 
 NOT_THE_REPORTS = (RUNS_DIR, "slurm", "local")
@@ -65,7 +66,7 @@ def _kept_folder(folder: Path) -> Path:
     prefix = f".{folder.resolve().name}{PREFIX}"
     for left in parent.glob(f"{prefix}*"):
         pid = left.name[len(prefix):].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(left, ignore_errors=True)
     for where in (parent, folder):
         try:
@@ -73,16 +74,6 @@ def _kept_folder(folder: Path) -> Path:
         except OSError:
             continue
     raise OSError(f"cannot write beside or in {folder}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _restore(folder: Path, kept: Path, files: set[Path], dirs: set[Path]) -> None:
