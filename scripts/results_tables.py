@@ -320,7 +320,8 @@ def by_model(exp: Path) -> str:
     pooled = pd.read_csv(exp / "correlations.csv")
     order = [m for m in pooled["measure"] if any(math.isfinite(float(columns[x].get(m, {}).get("kendall_tau", math.nan)))
                                                  for x in models)]
-    lines = ["| measure | pooled τ | " + " | ".join(f"τ {m} [95% CI], p" for m in models) + " |",
+    lines = ["| measure | τ of both models (within draws) | " + " | ".join(f"τ {m} [95% CI where computed], p"
+                                                                       for m in models) + " |",
              "| --- | ---: |" + " --- |" * len(models)]
     pooled_tau = dict(zip(pooled["measure"], pooled["kendall_tau"]))
     for m in order:
