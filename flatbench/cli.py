@@ -208,7 +208,7 @@ def measure(target: str, overrides: tuple[str, ...], out: str | None, device: st
 @cli.command()
 @click.argument("experiments", nargs=-1, required=True)
 @click.option("--out", "out_dir", default=None, help="Where to write the report (default: the first folder).")
-@click.option("--gap", type=click.Choice(["acc", "loss"]), default=None, help="Gap to correlate with.")
+@click.option("--gap", type=click.Choice(["acc", "loss", "calibrated"]), default=None, help="Gap to correlate with.")
 @click.option("--min-train-acc", type=float, default=None,
               help="Exclude runs below this final train accuracy (0 to 1; default: the study's report.min_train_acc).")
 @click.option("--include-stale", is_flag=True,

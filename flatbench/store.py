@@ -35,15 +35,15 @@ import torch
 from flatbench.errors import CheckpointError, ConfigError, FlatbenchError, one_line
 from flatbench.locks import pid_alive
 
-GAPS = ("acc", "loss")
-"""The generalization gaps a run records (table.csv columns gap_acc, gap_loss) and a report correlates
-with."""
+GAPS = ("acc", "loss", "calibrated")
+"""The generalization gaps a run records (table.csv columns gap_acc, gap_loss, gap_calibrated: the loss gap
+of the temperature-calibrated network, `training.calibration`) and a report correlates with."""
 
 
 def gap_column(gap: str, what: str = "gap") -> str:
     """The table column of `gap` (one of `GAPS`); anything else is one error line naming `what`."""
     if gap not in GAPS:
-        raise ConfigError(f"{what} must be acc or loss, got {gap!r}")
+        raise ConfigError(f"{what} must be one of {', '.join(GAPS)}, got {gap!r}")
     return f"gap_{gap}"
 
 RUNS_DIR = "runs"

@@ -344,7 +344,8 @@ def snapshot_records(records: list[RunRecord]) -> dict[float, list[RunRecord]]:
             problems = [problem] if problem else []
             info = {**{k: v for k, v in rec.info.items() if k not in ("snapshots", "history")},
                     **{k: snap.get(k) for k in ("train_acc", "train_loss", "test_acc", "test_loss", "gap_acc",
-                                                "gap_loss", "epoch")}, "epochs": snap.get("epoch")}
+                                                "gap_loss", "calibration", "epoch")},
+                    "epochs": snap.get("epoch")}
             levels.setdefault(float(snap["level"]), []).append(
                 RunRecord(experiment=rec.experiment, run_id=rec.run_id, path=folder, info=info,
                           measures=measures, problems=problems))

@@ -37,6 +37,9 @@ BASE_COLUMNS = ("run_id", "experiment", "status")
 METRIC_COLUMNS = ("train_acc", "train_loss", "test_acc", "test_loss", "gap_acc", "gap_loss", "epochs",
                   "reached_target",
                   "train_seconds", "measure_seconds", "device")
+CALIBRATION_COLUMNS = ("temperature", "train_loss_calibrated", "test_loss_calibrated", "gap_calibrated")
+"""run.json's `calibration` (`training.calibration`): columns of a table only where some run records them, so
+the tables of runs trained before flatbench recorded it keep their columns."""
 FACT_COLUMNS = ("dataset.num_classes", "dataset.n_train", "dataset.n_test", "labels.scheme",
                 "labels.ratio", "labels.n_corrupted", "labels.n_changed")
 CONFIG_SECTIONS = ("seed", "data", "model", "train")
@@ -245,6 +248,9 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
         row["train_seconds"] = to_float(info.get("seconds"))
         row["device"] = info.get("device")
         row.update(_run_facts(info))
+        calibration = info.get("calibration")
+        if isinstance(calibration, Mapping):
+            row.update({col: to_float(calibration.get(col)) for col in CALIBRATION_COLUMNS})
         seconds = 0.0
         for name, entry in rec.measures.items():
             values = _measure_values(entry)
@@ -268,7 +274,7 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
         row["measure_seconds"] = seconds if rec.measures else math.nan
         rows.append(row)
 
-    reserved = set(BASE_COLUMNS) | set(METRIC_COLUMNS) | set(FACT_COLUMNS)
+    reserved = set(BASE_COLUMNS) | set(METRIC_COLUMNS) | set(CALIBRATION_COLUMNS) | set(FACT_COLUMNS)
     config_list = sorted(config_cols - reserved, key=_config_order)
     measure_list = sorted(measure_keys - reserved - set(config_list), key=_key_order)
     se_map = {key: key + SE_SUFFIX for key in sorted(se_keys, key=_key_order)}
@@ -279,7 +285,7 @@ def build_table(exp_dirs: list[Path] | list[str], records: list[RunRecord] | Non
             value_columns.append(se_map[key])
     value_columns += [c for k, c in se_map.items() if k not in measure_keys]
     columns = [*BASE_COLUMNS, *config_list, *METRIC_COLUMNS,
-               *[c for c in FACT_COLUMNS if any(c in r for r in rows)], *value_columns]
+               *[c for c in (*CALIBRATION_COLUMNS, *FACT_COLUMNS) if any(c in r for r in rows)], *value_columns]
     table = pd.DataFrame(rows, columns=columns)
     for col in value_columns:
         table[col] = pd.to_numeric(table[col], errors="coerce").astype(float)
@@ -342,7 +348,7 @@ def measure_columns(table: pd.DataFrame) -> list[str]:
     listed = table.attrs.get("measure_columns")
     if listed is not None:
         return [c for c in listed if c in table.columns]
-    reserved = set(BASE_COLUMNS) | set(METRIC_COLUMNS) | set(FACT_COLUMNS)
+    reserved = set(BASE_COLUMNS) | set(METRIC_COLUMNS) | set(CALIBRATION_COLUMNS) | set(FACT_COLUMNS)
     return [c for c in table.columns if c not in reserved and not _is_config_column(c)
             and not str(c).endswith(SE_SUFFIX)]
 

@@ -25,6 +25,9 @@ from flatbench.analysis.table import to_float
 def target_text(gap: str) -> str:
     if gap == "acc":
         return "the accuracy gap (train accuracy − test accuracy)"
+    if gap == "calibrated":
+        return ("the temperature-calibrated loss gap (test − train cross-entropy of the logits divided by the "
+                "temperature that minimizes the test cross-entropy, cross-fitted on the test set's halves)")
     return "the loss gap (test cross-entropy − train cross-entropy)"
 
 

@@ -16,19 +16,22 @@ from flatbench.store import (RUN_JSON, STUDY_FILE, atomic_write_json, atomic_wri
                              run_dir)
 from flatbench.study.spec import check_output_dir, check_runs_data, check_study, shard_runs, show_progress, study_text
 from flatbench.study.workers import run_jobs
-from flatbench.training import (Preempted, StopFlag, TrainOutcome, WorkerReport, check_run_dir, plan_groups,
+from flatbench.training import (Preempted, add_calibration, needs_calibration, StopFlag, TrainOutcome, WorkerReport, check_run_dir, plan_groups,
                                 train_group, train_run)
 
 
 @dataclass(frozen=True)
 class TrainPlan:
     """What the train stage does, decided from the study before any work: the experiment folder, the runs
-    of this shard (finished ones skipped), the sweep's axes (for run names) and the study.yaml to store."""
+    of this shard (finished ones skipped; `calibrate`: finished ones trained before flatbench recorded the
+    calibrated cross-entropy, completed from their model.pt), the sweep's axes (for run names) and the
+    study.yaml to store."""
 
     exp_dir: Path
     total: int
     pending: list[tuple[str, Any]]
     skipped: list[str]
+    calibrate: list[tuple[str, Any]]
     sweep_axes: tuple[str, ...]
     study_yaml: str
 
@@ -58,11 +61,13 @@ def _plan(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | None
     text = study_text(study)
     if not checked:
         check_study(study)
-    plan = TrainPlan(exp_dir=exp_dir, total=len(runs), pending=[], skipped=[], sweep_axes=study.sweep_axes,
-                     study_yaml=text)
+    plan = TrainPlan(exp_dir=exp_dir, total=len(runs), pending=[], skipped=[], calibrate=[],
+                     sweep_axes=study.sweep_axes, study_yaml=text)
     for rid, cfg in runs:
         if check_run_dir(run_dir(exp_dir, rid), rid, cfg) == "finished":
             plan.skipped.append(rid)
+            if needs_calibration(read_json(run_dir(exp_dir, rid) / RUN_JSON)):
+                plan.calibrate.append((rid, cfg))
         else:
             plan.pending.append((rid, cfg))
     check_runs_data(plan.pending, study.measure.n_examples)
@@ -73,6 +78,7 @@ def _plan(study: Study, shard: tuple[int, int] | None, run_ids: list[str] | None
 def _train(plan: TrainPlan, device: torch.device, stop: StopFlag, *, quiet: bool, echo: Echo) -> TrainOutcome:
     """The study stored (study.yaml), then the compute loop over the planned groups."""
     atomic_write_text(plan.exp_dir / STUDY_FILE, plan.study_yaml)
+    _calibrate(plan, device, stop, quiet=quiet, echo=echo)
     outcome = TrainOutcome(skipped=list(plan.skipped))
     done = len(outcome.skipped)
     groups = plan_groups(plan.pending, device)
@@ -89,6 +95,20 @@ def _train(plan: TrainPlan, device: torch.device, stop: StopFlag, *, quiet: bool
         done += len(ids)
         outcome.add(train_group_job(group, plan.exp_dir, device, plan.sweep_axes, progress, echo))
     return outcome
+
+
+def _calibrate(plan: TrainPlan, device: torch.device, stop: StopFlag, *, quiet: bool, echo: Echo) -> None:
+    """Complete the finished runs that lack the calibrated cross-entropy from their model.pt (no retraining);
+    a run held by another job is left for the next call."""
+    done, datasets = 0, {}
+    for rid, cfg in plan.calibrate:
+        stop.check()
+        try:
+            done += add_calibration(run_dir(plan.exp_dir, rid), cfg, device, datasets)
+        except RunLocked:
+            continue
+    if done and not quiet:
+        echo(f"added the temperature-calibrated cross-entropy to {done} finished run(s) (from their model.pt)")
 
 
 def _starting(ids: list[str], done: int, total: int) -> str:

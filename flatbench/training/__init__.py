@@ -7,10 +7,12 @@ submitit's signals (`signals`). The study stage (`flatbench.study.train`) and th
 the names exported here.
 
 Modules: `setup` (device, seeded model, optimizer, schedule), `endpoint` (evaluation and targets),
-`run_folder` (checkpoints, snapshots, run.json and their checks), `signals`, `loop`, `vectorized`,
+`run_folder` (checkpoints, snapshots, run.json and their checks), `calibration` (the temperature-calibrated
+cross-entropy, a secondary target), `signals`, `loop`, `vectorized`,
 `outcome` (the typed result of a train stage).
 """
 
+from flatbench.training.calibration import add_calibration, calibration_record, needs_calibration
 from flatbench.training.endpoint import TrainingDiverged, evaluate, reached_endpoint, target_met
 from flatbench.training.loop import train_epoch, train_run
 from flatbench.training.outcome import TrainOutcome, WorkerReport
@@ -21,7 +23,7 @@ from flatbench.training.vectorized import (AUTO_GROUP_SIZE, VectorizedGroup, gro
                                            plan_groups, train_group, vectorizable)
 
 __all__ = ["AUTO_GROUP_SIZE", "STOP_SIGNALS", "Preempted", "StopFlag", "TrainOutcome", "TrainingDiverged",
-           "VectorizedGroup", "WorkerReport", "check_run_dir", "evaluate", "group_key", "group_size",
-           "hold_stop_signals", "init_model", "list_snapshots", "make_optimizer", "new_member", "plan_groups",
-           "reached_endpoint", "resolve_device", "target_met", "train_epoch", "train_group", "train_run",
-           "training_forward", "vectorizable", "write_checkpoint"]
+           "VectorizedGroup", "WorkerReport", "add_calibration", "calibration_record", "check_run_dir", "evaluate",
+           "group_key", "group_size", "hold_stop_signals", "init_model", "list_snapshots", "make_optimizer",
+           "needs_calibration", "new_member", "plan_groups", "reached_endpoint", "resolve_device", "target_met",
+           "train_epoch", "train_group", "train_run", "training_forward", "vectorizable", "write_checkpoint"]

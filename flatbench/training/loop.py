@@ -27,6 +27,7 @@ from flatbench.data import load_dataset
 from flatbench.locks import RunLock
 from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOTS_DIR, atomic_torch_save, atomic_write_json,
                              file_sha256, read_json)
+from flatbench.training.calibration import calibration_record
 from flatbench.training.crossing import back_to, crossed, end_check, keep_start, record_stop, seek_crossing
 from flatbench.training.endpoint import (check_finite_loss, endpoint_summary, epoch_record, evaluate,
                                          progress_fields, reached_endpoint, target_met)
@@ -127,7 +128,8 @@ def _train_epochs(cfg: RunConfig, run_path: Path, trained: tuple, ds: Any, stop:
 def finish_run(run_id: str, cfg: RunConfig, run_path: Path, model: nn.Module, ds: Any, info: dict[str, Any],
                history: list[dict], epoch: int, seconds: float, *, progress: bool = True,
                echo: Callable[[str], None] = print, seek: dict | None = None) -> dict[str, Any]:
-    """Evaluate the trained model, write model.pt (and its hash) and the final run.json (with its `endpoint`
+    """Evaluate the trained model, write model.pt (and its hash) and the final run.json (with its
+    `calibration`, the temperature-calibrated cross-entropies of `training.calibration`, and its `endpoint`
     record where the run has a step-level endpoint; `seek`: what the search for its step found), drop the
     checkpoint, and say how the run ended (one line, also without progress bars)."""
     run_path = Path(run_path)
@@ -140,6 +142,9 @@ def finish_run(run_id: str, cfg: RunConfig, run_path: Path, model: nn.Module, ds
                 gap_loss=test_loss - train_loss if math.isfinite(test_loss) else float("nan"),
                 reached_target=reached, snapshots=list_snapshots(run_path),
                 model_sha256=file_sha256(run_path / MODEL_FILE), seconds=round(seconds, 3))
+    calibration = calibration_record(model, ds, cfg.train.eval_batch_size)
+    if calibration is not None:
+        info["calibration"] = calibration
     endpoint = endpoint_summary(cfg, train_loss, history, ds.n_train, seek)
     if endpoint is not None:
         info["endpoint"] = endpoint

@@ -21,6 +21,7 @@ from flatbench.config import RunConfig, identity_diff, run_config_from_dict, sna
 from flatbench.errors import CheckpointError, FlatbenchError
 from flatbench.store import (CHECKPOINT_FILE, MODEL_FILE, RUN_JSON, SNAPSHOT_JSON, SNAPSHOTS_DIR, atomic_torch_save,
                              atomic_write_json, check_model_hash, file_sha256, load_run_info, read_json, torch_load)
+from flatbench.training.calibration import calibration_record
 from flatbench.training.setup import init_model, make_optimizer, make_scheduler
 
 
@@ -108,7 +109,8 @@ def save_snapshots(model: nn.Module, cfg: RunConfig, run_path: Path, history: li
                    ) -> list[float]:
     """Keep the model at every `train.snapshot_losses` level that the last evaluation reached for the first
     time: `snapshots/loss_<level>/model.pt` and `snapshot.json` (epoch, losses, accuracies, gaps, the
-    model's sha256). Returns the levels saved now. A level already on disk is kept (a resumed run)."""
+    model's sha256, its `calibration` of `training.calibration`). Returns the levels saved now. A level
+    already on disk is kept (a resumed run)."""
     last = history[-1] if history else {}
     loss = last.get("eval_train_loss")
     if loss is None:
@@ -123,6 +125,9 @@ def save_snapshots(model: nn.Module, cfg: RunConfig, run_path: Path, history: li
                   "test_loss": last["test_loss"], "test_acc": last["test_acc"],
                   "gap_acc": last["eval_train_acc"] - last["test_acc"],
                   "gap_loss": last["test_loss"] - loss, "model_sha256": file_sha256(folder / MODEL_FILE)}
+        calibration = calibration_record(model, ds, cfg.train.eval_batch_size)
+        if calibration is not None:
+            record["calibration"] = calibration
         atomic_write_json(folder / SNAPSHOT_JSON, record)
         saved.append(level)
     return saved

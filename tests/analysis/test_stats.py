@@ -329,7 +329,7 @@ def test_best_measure_first(no_registry):
 def test_bad_gap_name():
     from flatbench.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="gap must be acc or loss"):
+    with pytest.raises(ConfigError, match="gap must be one of acc, loss, calibrated"):
         correlations(make_table([0.1, 0.2, 0.3], {"m": [1.0, 2.0, 3.0]}), gap="accuracy")
 
 

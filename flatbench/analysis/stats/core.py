@@ -114,7 +114,10 @@ def exclusion_reasons(table: pd.DataFrame, gap: str = "acc", min_train_acc: floa
         bad = [c for c in ("train_loss", "test_loss") if not math.isfinite(to_float(row.get(c)))]
         if bad:
             why.append("non-finite loss (" + ", ".join(f"{c}={to_float(row.get(c))}" for c in bad) + ")")
-        if not bad and not math.isfinite(to_float(row.get(gcol))):
+        if not bad and gcol not in table.columns:
+            why.append(f"no {gcol} recorded (a run trained before flatbench recorded it: `flatbench train` on its "
+                       "config adds it from model.pt)")
+        elif not bad and not math.isfinite(to_float(row.get(gcol))):
             why.append(f"non-finite {gcol}")
         reasons.append("; ".join(why))
     return pd.Series(reasons, index=table.index, dtype=object)
