@@ -1,7 +1,8 @@
 """The committed studies (results/cpu/) cannot silently drift from the code: every committed study's
 numbers, rebuilt from its run files by the current code, are the committed ones.
 
-For every study (and the natural study's accuracy-gap report in natural/gap_acc/), table.csv and the
+For every study (and each report of another gap in a study's gap_<gap>/ folder: natural/gap_acc/, the
+sampled natural studies' gap_loss/ and gap_calibrated/), table.csv and the
 statistics files (correlations.csv, comparisons.csv, reference_bands.csv, environments.csv, variance.csv) are rebuilt by
 `report_study(..., statistics_only=True)` (the report's own code path, without its figures) and compared
 number by number; the smallest study is also rebuilt as a whole report (figures and pages). A committed
@@ -39,13 +40,14 @@ def _assert_frames_equal(ours: pd.DataFrame, committed: pd.DataFrame, what: str)
 
 
 REPORTS = [(p.name, p, None) for p in STUDIES if p.name != "comparison"]
-if (ROOT / "results" / "cpu" / "natural" / "gap_acc" / "correlations.csv").is_file():
-    REPORTS.append(("natural/gap_acc", ROOT / "results" / "cpu" / "natural", "acc"))
+REPORTS += [(f"{p.name}/{q.parent.name}", p, q.parent.name.removeprefix("gap_"))  # a report of another gap
+            for p in STUDIES for q in sorted(p.glob("gap_*/correlations.csv"))]
 
 
 def test_the_natural_study_and_its_accuracy_gap_report_are_committed():
     names = {name for name, _, _ in REPORTS}
-    assert {"natural", "natural/gap_acc"} <= names, names
+    assert {"natural", "natural/gap_acc", "natural_sampled/gap_loss", "natural_sampled/gap_calibrated",
+            "natural_sampled_mnist/gap_loss", "natural_sampled_mnist/gap_calibrated"} <= names, names
 
 
 @pytest.mark.parametrize("name,exp,gap", REPORTS, ids=[name for name, _, _ in REPORTS])
@@ -57,7 +59,7 @@ def test_every_committed_study_rebuilds_to_its_committed_numbers(name, exp, gap,
 
     copy = tmp_path / exp.name
     shutil.copytree(exp, copy, ignore=shutil.ignore_patterns("*.png", "*.html", "*.md", "*.csv", "*.log",
-                                                             "gap_acc", "audit_layer"))
+                                                             "gap_*", "audit_layer"))
     report_study([copy], gap=gap, echo=lambda _line: None, quiet=True, statistics_only=True)
     committed_dir = ROOT / "results" / "cpu" / name
     _assert_frames_equal(pd.read_csv(copy / "table.csv"), pd.read_csv(committed_dir / "table.csv"),
