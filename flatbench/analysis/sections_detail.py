@@ -1,6 +1,7 @@
 """The report's detail sections, after the verdict, figures and audit (`sections`): the statistics the
 verdict table leaves out (never its τ, interval or label again), τ per training-loss level, the training
-endpoint, the runs left out, the measures' status and time, the runs and the study config."""
+endpoint, the runs left out, the measures' status and time, the runs and the study config; last, what the
+page's hover says about each run (`hover_runs`)."""
 
 from __future__ import annotations
 
