@@ -341,9 +341,9 @@ def levels_by_model(exp: Path) -> str:
     """Each measure's τ at every snapshot level and at the final models, on each model's runs alone, with
     the train-loss range of the runs at each level (the README's "Training endpoint" table)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from flatbench.analysis.report import level_correlations, snapshot_records
+    from flatbench.analysis.report import level_correlations
     from flatbench.analysis.stats import analyze
-    from flatbench.analysis.table import build_table, load_records
+    from flatbench.analysis.table import build_table, level_tables, load_records, snapshot_records
 
     records = load_records([exp])
     if not any(r.info.get("snapshots") for r in records):
@@ -353,8 +353,9 @@ def levels_by_model(exp: Path) -> str:
     for model in models:
         recs = [r for r in records if (r.info.get("config") or {}).get("model", {}).get("name") == model]
         final = analyze(build_table([exp], records=recs), n_boot=0, seed=0).correlations
-        frame = level_correlations(recs, n_boot=0, final=final)
-        losses = {lv: [float(r.info["train_loss"]) for r in rs] for lv, rs in snapshot_records(recs).items()}
+        snapshots = snapshot_records(recs)
+        frame = level_correlations(level_tables(snapshots), n_boot=0, final=final)
+        losses = {lv: [float(r.info["train_loss"]) for r in rs] for lv, rs in snapshots.items()}
         losses["final"] = [float(r.info["train_loss"]) for r in recs]
         cols = list(dict.fromkeys(frame["level"].astype(str)))
         lookup = {(r["measure"], str(r["level"])): r for r in frame.to_dict(orient="records")}

@@ -11,7 +11,8 @@ file the stage had already left; a *climb* is a stay on a higher floor (tests/te
 than the stay before it. A stage that reads plan → compute → store enters each room once: few stays, no
 returns. The numbers are printed with the sequence of rooms; tests/study/test_stage_walk.py asserts the
 goal of issue 31 on the measure stage (at most 20 stays and 8 returns) and on the population audit (the same
-walk for 3 runs and for 5).
+walk for 3 runs and for 5). The report stage reads its settings once, then passes its runs' records, their
+statistics and the document's context from room to room: its walk follows those too (`walk_report`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ def walk_by_type(call) -> list[str]:
     return _rooms(call, lambda v: isinstance(v, (Study, MeasureConfig, ReportConfig)))
 
 
+def walk_report(call) -> list[str]:
+    """The report stage's walk: `walk_by_type`'s, also following what the stage passes on (issue 43): a list
+    of run records (the runs, as read), the statistics (`Analysis`) and the document's context
+    (`ReportContext`). A single record, read where it is used, is not followed (only the lists handed on)."""
+    from flatbench.analysis.sections import ReportContext
+    from flatbench.analysis.stats import Analysis
+    from flatbench.analysis.table import RunRecord
+    from flatbench.config import MeasureConfig, ReportConfig, Study
+
+    def followed(v) -> bool:
+        if isinstance(v, list):
+            return bool(v) and isinstance(v[0], RunRecord)
+        return isinstance(v, (Study, MeasureConfig, ReportConfig, Analysis, ReportContext))
+
+    return _rooms(call, followed)
+
+
 def summarize(rooms: list[str]) -> dict:
     """Stays, returns and climbs of a sequence of visits."""
     stays = [r for i, r in enumerate(rooms) if i == 0 or rooms[i - 1] != r]
@@ -114,7 +132,7 @@ def main() -> None:
                                                 draws=1, echo=lambda *a: None)
             else:
                 call = lambda: report_study([study.exp_dir], quiet=True, echo=lambda *a: None, min_train_acc=0.0)  # noqa: E731
-            result = summarize(walk_by_type(call))
+            result = summarize(walk_by_type(call) if stage == "audit" else walk_report(call))
         else:
             train()
             result = summarize(walk(lambda: measure_study(study, torch.device("cpu"), quiet=True,

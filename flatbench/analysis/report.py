@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,20 +41,13 @@ from flatbench.analysis.families import family_of
 from flatbench.analysis.figures import draw_figures, plot_filename
 from flatbench.analysis.fmt import ci_text, num, p_text
 from flatbench.analysis.stats import MIN_RUNS, N_BOOT, Analysis, analyze
-from flatbench.analysis.table import (
-    NON_MODEL_FIELDS,
-    RunRecord,
-    build_table,
-    load_records,
-    read_measures_file,
-    to_float,
-)
+from flatbench.analysis.table import ReportInputs, RunRecord, report_inputs, to_float
 from flatbench.analysis.verdict import build_verdict
 from flatbench.analysis.verdict_block import verdict_block
 from flatbench.config import ReportConfig
 from flatbench.errors import FlatbenchError
 
-__all__ = ["ReportSummary", "build_table", "format_summary", "plot_filename", "write_report", "write_statistics"]
+__all__ = ["ReportInputs", "ReportSummary", "format_summary", "plot_filename", "write_report", "write_statistics"]
 
 
 @dataclass
@@ -82,13 +75,11 @@ class ReportSummary:
     """Why the verdict may not hold (e.g. runs that stopped at very different train losses)."""
 
 
-def _analysis(exp_dirs: list[Path], records: list[RunRecord], gap: str, min_train_acc: float, n_boot: int,
-              seed: int, stale: list[RunRecord] | None) -> tuple[pd.DataFrame, Analysis]:
-    """The table and its statistics; refuses when too few runs can be used (nothing is written then). Runs
-    that missed their step-level endpoint (`endpoint_misses`) stay in the table and are left out of the
+def _analysis(inputs: ReportInputs, gap: str, min_train_acc: float, n_boot: int, seed: int) -> Analysis:
+    """The table's statistics; refuses when too few runs can be used (nothing is written then). Runs that
+    missed their step-level endpoint (`endpoint_misses`) stay in the table and are left out of the
     statistics, listed with their reason."""
-    table = build_table(exp_dirs, records=records)
-    missed = endpoint_misses(records)
+    table, missed = inputs.table, endpoint_misses(inputs.records)
     judged = table
     if missed:
         judged = table[[(e, r) not in missed for e, r in zip(table["experiment"], table["run_id"])]]
@@ -102,12 +93,12 @@ def _analysis(exp_dirs: list[Path], records: list[RunRecord], gap: str, min_trai
         why = f"; {len(analysis.excluded)} excluded, e.g. {reasons[0]}" if reasons else ""
         raise FlatbenchError(f"only {len(analysis.included)} usable run(s), a report needs at least {MIN_RUNS}"
                              f"{why}; nothing was written (an existing report is kept)")
-    if stale:
+    if inputs.stale:
         extra = pd.DataFrame([{"run_id": rec.run_id, "experiment": rec.experiment, "status": rec.status,
                                "reason": "not in this study (left by an earlier version of its config; "
-                                         "report --include-stale counts it)"} for rec in stale])
+                                         "report --include-stale counts it)"} for rec in inputs.stale])
         analysis.excluded = pd.concat([analysis.excluded, extra], ignore_index=True)
-    return table, analysis
+    return analysis
 
 
 def endpoint_misses(records: list[RunRecord]) -> dict[tuple[str, str], str]:
@@ -148,69 +139,69 @@ def _write_tables(out_dir: Path, table: pd.DataFrame, analysis: Analysis, levels
         (out_dir / "correlations_by_level.csv").unlink(missing_ok=True)
 
 
-def write_statistics(exp_dirs: list[Path], out_dir: Path, records: list[RunRecord], settings: ReportConfig,
-                     n_boot: int = N_BOOT, seed: int = 0, stale: list[RunRecord] | None = None,
-                     snapshots: dict[float, list[RunRecord]] | None = None
-                     ) -> tuple[pd.DataFrame, Analysis, pd.DataFrame, Any]:
-    """The report's numbers without its figures and pages: table.csv, correlations.csv, comparisons.csv,
-    reference_bands.csv, environments.csv (and correlations_by_level.csv). `write_report` writes them this
-    way first; tests/test_results.py rebuilds every committed study's numbers with it (the figures take
-    five times as long as the statistics and hold no number the files do not). `snapshots`: the records
-    per snapshot level when the caller has read (and filtered) them (`snapshot_records`)."""
-    table, analysis = _analysis(exp_dirs, records, settings.gap, settings.min_train_acc, n_boot, seed, stale)
+def _statistics(inputs: ReportInputs, settings: ReportConfig, n_boot: int, seed: int
+                ) -> tuple[Analysis, pd.DataFrame, Endpoint]:
+    """The report's numbers, computed once from the inputs' tables: the analysis, τ per snapshot level and
+    the endpoint warnings."""
+    analysis = _analysis(inputs, settings.gap, settings.min_train_acc, n_boot, seed)
     endpoint = check_endpoint(analysis.included, settings.max_train_loss, settings.max_loss_span)
     missed = _endpoint_warning(analysis.excluded)
     if missed:
         endpoint.warnings.insert(0, missed)
-    levels = level_correlations(records, gap=settings.gap, n_boot=n_boot, seed=seed, final=analysis.correlations,
-                                snapshots=snapshots)
-    _write_tables(out_dir, table, analysis, levels)
-    return table, analysis, levels, endpoint
+    levels = level_correlations(inputs.level_tables, gap=settings.gap, n_boot=n_boot, seed=seed,
+                                final=analysis.correlations)
+    return analysis, levels, endpoint
 
 
-@dataclass(frozen=True)
-class ReportInputs:
-    """What a report is built from besides its folders, when the caller has it: the runs (`records`; read
-    from the folders when None), the runs left out as not in the study (`stale`, listed as such) and the
-    measures' descriptions (`measure_info`: name → an object with `description`, `cost`, `invariant_to`,
-    e.g. the registry's specs; the report reads everything else from the files)."""
+def write_statistics(exp_dirs: list[Path], out_dir: Path, settings: ReportConfig, inputs: ReportInputs | None = None,
+                     n_boot: int = N_BOOT, seed: int = 0) -> tuple[Analysis, pd.DataFrame, Endpoint]:
+    """The report's numbers without its figures and pages: table.csv, correlations.csv, comparisons.csv,
+    reference_bands.csv, environments.csv, variance.csv (and correlations_by_level.csv), from `inputs`
+    (read from the folders when None). tests/test_results.py rebuilds every committed study's numbers this
+    way (`report_study(statistics_only=True)`: the figures take five times as long as the statistics and
+    hold no number the files do not)."""
+    inputs = inputs or report_inputs([Path(p) for p in exp_dirs])
+    analysis, levels, endpoint = _statistics(inputs, settings, n_boot, seed)
+    _write_tables(Path(out_dir), inputs.table, analysis, levels)
+    return analysis, levels, endpoint
 
-    records: list[RunRecord] | None = None
-    stale: list[RunRecord] | None = None
-    measure_info: dict[str, Any] | None = None
-    snapshots: dict[float, list[RunRecord]] | None = None
-    """The records per snapshot level (`snapshot_records`; read from the runs' folders when None)."""
+
+SECTIONS = (verdict_block, sec.summary_section, sec.figures_section, sec.audit_section, detail.statistics_section,
+            detail.levels_section, detail.endpoint_section, detail.excluded_section, detail.time_section,
+            detail.runs_section, detail.config_section)
+"""The report's sections in reading order (`verdict_block`, `sections`, `sections_detail`)."""
 
 
 def write_report(exp_dirs: list[Path] | list[str], out_dir: Path | str, settings: ReportConfig | None = None, *,
-                 inputs: ReportInputs = ReportInputs(), n_boot: int = N_BOOT, seed: int = 0, quiet: bool = False,
+                 inputs: ReportInputs | None = None, n_boot: int = N_BOOT, seed: int = 0, quiet: bool = False,
                  echo: Callable[[str], Any] = print) -> ReportSummary:
-    """Read the experiment folders (or use `inputs.records`), compute the statistics, write every report
-    file, print the ranking. `settings`: the study's `report` section (gap, min_train_acc, max_train_loss,
-    max_loss_span; `ReportConfig`'s defaults when None, the one home of their default values). `n_boot`
-    and `seed`: the resampling.
+    """The report in one pass over `inputs` (the runs and their tables, `table.report_inputs`; read from
+    the folders when None): the statistics, then the files (tables, figures), then the document section by
+    section, then the ranking printed. `settings`: the study's `report` section (gap, min_train_acc,
+    max_train_loss, max_loss_span; `ReportConfig`'s defaults when None, the one home of their default
+    values). `n_boot` and `seed`: the resampling.
 
     Refuses (FlatbenchError, nothing written) when no run can be used, so that a good report is never
     replaced by an empty one. `quiet` prints one line (where the report is and the best measure).
     """
     start = time.perf_counter()
     exp_dirs, out_dir = [Path(p) for p in exp_dirs], Path(out_dir)
-    records = load_records(exp_dirs) if inputs.records is None else inputs.records
     settings = settings or ReportConfig()
-    stale = inputs.stale
-    table, analysis, levels, endpoint = write_statistics(exp_dirs, out_dir, records, settings, n_boot, seed, stale,
-                                                         inputs.snapshots)
-    ctx = _context(exp_dirs, out_dir, records, table, analysis, n_boot, seed, settings.min_train_acc, endpoint,
-                   levels, inputs.measure_info)
-    doc = build_document(ctx)
+    inputs = inputs or report_inputs(exp_dirs)
+    analysis, levels, endpoint = _statistics(inputs, settings, n_boot, seed)
+    ctx = _write_files(exp_dirs, out_dir, inputs, analysis, levels, endpoint, n_boot, seed, settings.min_train_acc)
+    doc = Document(title=f"flatbench report: {', '.join(p.name for p in exp_dirs)}")
+    for section in SECTIONS:
+        section(doc, ctx)
+    doc.data = {"runs": detail.hover_runs(ctx), "figures": {f.name: f.extra for f in ctx.figures if f.extra}}
     store.atomic_write_text(out_dir / "report.md", doc.to_markdown())
     store.atomic_write_text(out_dir / "report.html", doc.to_html())
-    corr = analysis.correlations
+    corr, table = analysis.correlations, inputs.table
     best = _best_measure(corr)
     summary = ReportSummary(
         out_dir=out_dir, table_csv=out_dir / "table.csv", correlations_csv=out_dir / "correlations.csv",
         report_md=out_dir / "report.md", report_html=out_dir / "report.html",
-        plots=[out_dir / "plots" / f.name for f in ctx.figures], n_runs=len(table) + len(stale or []),
+        plots=[out_dir / "plots" / f.name for f in ctx.figures], n_runs=len(table) + len(inputs.stale),
         n_finished=int((table["status"] == "finished").sum()) if len(table) else 0,
         n_included=len(analysis.included), excluded=analysis.excluded.to_dict(orient="records"),
         best_measure=best, correlations=corr, table=table, notes=list(analysis.notes),
@@ -239,49 +230,20 @@ def _reasons(status: list[dict[str, Any]], corr: pd.DataFrame) -> dict[str, str]
     return out
 
 
-def _context(exp_dirs: list[Path], out_dir: Path, records: list[RunRecord], table: pd.DataFrame, analysis: Analysis,
-             n_boot: int, seed: int, min_train_acc: float, endpoint: Any, levels: pd.DataFrame,
-             measure_info: dict[str, Any] | None) -> sec.ReportContext:
-    """Audits, families, verdict and figures: everything the sections read."""
-    corr = analysis.correlations
+def _write_files(exp_dirs: list[Path], out_dir: Path, inputs: ReportInputs, analysis: Analysis, levels: pd.DataFrame,
+                 endpoint: Endpoint, n_boot: int, seed: int, min_train_acc: float) -> sec.ReportContext:
+    """The files the document links to (the tables, then the figures) and everything the sections read:
+    audits, families, the measures' status and the verdict."""
+    corr, measure_info = analysis.correlations, inputs.measure_info
     families = {str(k): family_of(str(k), measure_info) for k in corr["measure"]}
     audits = find_audits(exp_dirs)
-    status = _measure_status(records)
+    status = _measure_status(inputs.records)
     verdict = build_verdict(corr, analysis.included, analysis.gap_column, analysis.larger_is_sharper, measure_info,
                             measured_invariance(audits), _reasons(status, corr))
-    figures = draw_figures(analysis, out_dir / "plots", families, records=records, levels=levels, audits=audits)
-    return sec.ReportContext(exp_dirs, out_dir, records, table, analysis, figures, verdict, audits, families, status,
-                             n_boot, seed, min_train_acc, endpoint, levels, measure_info)
-
-
-HOVER_ALWAYS = ("model.name", "data.dataset", "data.random_label_ratio", "seed")
-
-
-def hover_runs(ctx: sec.ReportContext) -> list[dict[str, Any]]:
-    """What the page's hover says about each run used (in the order of the scatter grids' run indices):
-    id, gap, and its configuration: the model, dataset, ratio and seed, then every config field that
-    differs between the runs (the swept axes, data draws, ...), each once."""
-    frame = ctx.analysis.included
-    config = [c for c in frame.columns if c == "seed" or c.split(".", 1)[0] in ("data", "model", "train")]
-    varying = [c for c in config if c not in NON_MODEL_FIELDS and frame[c].astype(str).nunique() > 1]
-    cols = list(dict.fromkeys([c for c in (*HOVER_ALWAYS, *ctx.analysis.axes, *varying) if c in frame.columns]))
-    out = []
-    for _, r in frame.iterrows():
-        gap = to_float(r.get(ctx.analysis.gap_column))
-        fields = [[c, str(r[c])] for c in cols]
-        out.append({"id": str(r["run_id"]), "gap": gap if math.isfinite(gap) else None, "fields": fields})
-    return out
-
-
-def build_document(ctx: sec.ReportContext) -> Document:
-    """The report, section by section (see `sections` and `sections_detail`)."""
-    doc = Document(title=f"flatbench report: {', '.join(p.name for p in ctx.exp_dirs)}")
-    for section in (verdict_block, sec.summary_section, sec.figures_section, sec.audit_section,
-                    detail.statistics_section, detail.levels_section, detail.endpoint_section, detail.excluded_section,
-                    detail.time_section, detail.runs_section, detail.config_section):
-        section(doc, ctx)
-    doc.data = {"runs": hover_runs(ctx), "figures": {f.name: f.extra for f in ctx.figures if f.extra}}
-    return doc
+    _write_tables(out_dir, inputs.table, analysis, levels)
+    figures = draw_figures(analysis, out_dir / "plots", families, records=inputs.records, levels=levels, audits=audits)
+    return sec.ReportContext(exp_dirs, out_dir, inputs.records, inputs.table, analysis, figures, verdict, audits,
+                             families, status, n_boot, seed, min_train_acc, endpoint, levels, measure_info)
 
 
 def _best_measure(corr: pd.DataFrame) -> str | None:
@@ -333,40 +295,19 @@ def check_endpoint(included: pd.DataFrame, max_train_loss: float, max_loss_span:
     return Endpoint(low, high, span, above, missed, warnings)
 
 
-def snapshot_records(records: list[RunRecord]) -> dict[float, list[RunRecord]]:
-    """Per train-loss level, each run's snapshot at that level as a record of its own: the run's identity
-    and config, the snapshot's accuracies, losses and gaps, and the snapshot's measures."""
-    levels: dict[float, list[RunRecord]] = {}
-    for rec in records:
-        for snap in rec.info.get("snapshots") or []:
-            folder = rec.path / str(snap.get("path", ""))
-            measures, problem = read_measures_file(folder / store.MEASURES_JSON)
-            problems = [problem] if problem else []
-            info = {**{k: v for k, v in rec.info.items() if k not in ("snapshots", "history")},
-                    **{k: snap.get(k) for k in ("train_acc", "train_loss", "test_acc", "test_loss", "gap_acc",
-                                                "gap_loss", "calibration", "epoch")},
-                    "epochs": snap.get("epoch")}
-            levels.setdefault(float(snap["level"]), []).append(
-                RunRecord(experiment=rec.experiment, run_id=rec.run_id, path=folder, info=info,
-                          measures=measures, problems=problems))
-    return dict(sorted(levels.items(), reverse=True))
-
-
-def level_correlations(records: list[RunRecord], gap: str = "acc", n_boot: int = N_BOOT, seed: int = 0,
-                       final: pd.DataFrame | None = None, snapshots: dict[float, list[RunRecord]] | None = None
-                       ) -> pd.DataFrame:
+def level_correlations(level_tables: Mapping[float, pd.DataFrame], gap: str = "acc", n_boot: int = N_BOOT,
+                       seed: int = 0, final: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each measure's Kendall τ with the gap at every snapshot level (the models as they were when their
-    train loss first reached it), plus the final models' (level "final"). Empty when no run kept snapshots.
+    train loss first reached it; `table.level_tables`), plus the final models' (level "final"). Empty when
+    no run kept snapshots.
 
     At a level every run is at the same train loss by construction, so no run is excluded for its train
     accuracy there (a run that never reached the level has no snapshot and is simply absent: n says so)."""
-    per_level = snapshot_records(records) if snapshots is None else snapshots
-    if not per_level:
+    if not level_tables:
         return pd.DataFrame()
     rows = []
     cols = ["measure", "kendall_tau", "kendall_tau_lo", "kendall_tau_hi", "kendall_p", "n"]
-    for level, recs in per_level.items():
-        table = build_table([], records=recs)
+    for level, table in level_tables.items():
         corr = analyze(table, gap=gap, min_train_acc=0.0, n_boot=n_boot, seed=seed, full=False).correlations
         for r in corr.to_dict(orient="records"):
             rows.append({"level": level, **{c: r.get(c) for c in cols}})
@@ -374,7 +315,6 @@ def level_correlations(records: list[RunRecord], gap: str = "acc", n_boot: int =
         for r in final.to_dict(orient="records"):
             rows.append({"level": "final", **{c: r.get(c) for c in cols}})
     return pd.DataFrame(rows, columns=["level", *cols])
-
 
 
 # ---------------------------------------------------------------------------------------------- terminal

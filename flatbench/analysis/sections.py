@@ -45,16 +45,8 @@ class ReportContext:
     levels: pd.DataFrame | None = None
     measure_info: dict[str, Any] | None = None
 
-    @property
-    def corr(self) -> pd.DataFrame:
-        return self.analysis.correlations
-
     def figure(self, name: str) -> FigureEntry | None:
         return next((f for f in self.figures if f.name == name), None)
-
-    def run_href(self, rec: RunRecord) -> str:
-        """A run folder relative to the report (a link, never fetched)."""
-        return Path(os.path.relpath(rec.path, self.out_dir)).as_posix() + "/"
 
 
 PRINT_FULL: tuple[str, ...] = ()
@@ -85,7 +77,7 @@ def best_group_text(corr: pd.DataFrame) -> str:
 
 
 def _best_lines(ctx: ReportContext) -> list[str]:
-    corr, verdict = ctx.corr, ctx.verdict
+    corr, verdict = ctx.analysis.correlations, ctx.verdict
     if not verdict.rows:
         return ["No measure has a τ with the gap (see the verdict section for why)."]
     lines = []

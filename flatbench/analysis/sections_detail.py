@@ -1,10 +1,13 @@
 """The report's detail sections, after the verdict, figures and audit (`sections`): the statistics the
 verdict table leaves out (never its τ, interval or label again), τ per training-loss level, the training
-endpoint, the runs left out, the measures' status and time, the runs and the study config."""
+endpoint, the runs left out, the measures' status and time, the runs and the study config; last, what the
+page's hover says about each run (`hover_runs`)."""
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -14,7 +17,7 @@ from flatbench.analysis.document import Bullets, CodeBlock, Details, Document, H
 from flatbench.analysis.fmt import is_true, num, p_text, seconds_text
 from flatbench.analysis.sections import ReportContext
 from flatbench.analysis.stats import MIN_CMI_PAIRS, MIN_RUNS
-from flatbench.analysis.table import to_float
+from flatbench.analysis.table import NON_MODEL_FIELDS, to_float
 from flatbench.analysis.verdict_block import short_axis
 from flatbench.measures.keys import parse_key
 
@@ -29,7 +32,7 @@ def _with_p(value: Any, p: Any) -> str:
 
 
 def _ranking_text(ctx: ReportContext) -> str:
-    corr = ctx.corr
+    corr = ctx.analysis.correlations
     methods = sorted({str(m) for m in corr.get("kendall_p_method", pd.Series(dtype=object)) if str(m)})
     alpha = corr.attrs.get("alpha", 0.05)
     min_ci = corr.attrs.get("min_ci_runs", 10)
@@ -64,7 +67,7 @@ def statistics_section(doc: Document, ctx: ReportContext) -> None:
     the permutation p, ρ and r, psi_data, the ψ p-values, where CMI is attained, the environments, the
     replicate pairs and the Monte-Carlo SE/spread; collapsed, and opened by printing."""
     doc.add(Heading(2, "More statistics", "statistics"))
-    corr = ctx.corr
+    corr = ctx.analysis.correlations
     if not len(corr):
         doc.add(Paragraph("No measure values were found in these folders (run `flatbench measure` first)."))
         return
@@ -103,11 +106,12 @@ def statistics_section(doc: Document, ctx: ReportContext) -> None:
 
 
 def _design_text(ctx: ReportContext) -> str:
-    analysis = ctx.analysis
+    analysis, design = ctx.analysis, ctx.analysis.design
+    training, data = (design.training_axes, design.data_axes) if design is not None else ([], [])
     return ("ψ per axis: the mean τ over the blocks of runs that share every other axis and the data draw (they "
             "differ in that axis only). Ψ is their mean over the training axes "
-            f"({', '.join(f'`{a}`' for a in analysis.training_axes) or 'none'}), psi_data over the data axes "
-            f"({', '.join(f'`{a}`' for a in analysis.data_axes) or 'none'}). The p-value of each ψ comes from "
+            f"({', '.join(f'`{a}`' for a in training) or 'none'}), psi_data over the data axes "
+            f"({', '.join(f'`{a}`' for a in data) or 'none'}). The p-value of each ψ comes from "
             f"the two-way bootstrap of its block mean, Holm-adjusted over all {analysis.psi_family} ψ tests of the "
             "study. CMI: the minimum over conditioning sets of at most two axes (never a replicate field) of Jiang "
             f"et al.'s normalized conditional mutual information, given only when every cell holds at least "
@@ -128,7 +132,7 @@ def levels_section(doc: Document, ctx: ReportContext) -> None:
     cols = list(dict.fromkeys(levels["level"].tolist()))
     lookup = {(r["measure"], r["level"]): r for r in levels.to_dict(orient="records")}
     snap = {str(m) for m, lv in zip(levels["measure"], levels["level"]) if lv != "final"}
-    order = [str(m) for m in ctx.corr["measure"] if str(m) in snap] or sorted(snap)
+    order = [str(m) for m in ctx.analysis.correlations["measure"] if str(m) in snap] or sorted(snap)
     rows = []
     for m in order:
         cells = [("n/a" if (r := lookup.get((m, lv))) is None else f"{num(r['kendall_tau'])} (n {r['n']})")
@@ -201,7 +205,8 @@ def runs_section(doc: Document, ctx: ReportContext) -> None:
     """The runs, each linked to its folder (run.json, measures.json), so a point in a plot can be traced."""
     doc.add(Heading(2, "Runs", "runs"))
     table, axes = ctx.table, [a for a in ctx.analysis.axes if a in ctx.table.columns]
-    hrefs = {(rec.experiment, rec.run_id): ctx.run_href(rec) for rec in ctx.records}
+    hrefs = {(rec.experiment, rec.run_id): Path(os.path.relpath(rec.path, ctx.out_dir)).as_posix() + "/"
+             for rec in ctx.records}  # the run folder relative to the report (a link, never fetched)
     rows = []
     for _, r in table.head(MAX_RUN_ROWS).iterrows():
         loss = to_float(r.get("train_loss"))
@@ -235,3 +240,22 @@ def config_section(doc: Document, ctx: ReportContext) -> None:
                             [CodeBlock(path.read_text(encoding="utf-8", errors="replace"), "yaml")]))
         else:
             doc.add(Paragraph(f"No `{store.STUDY_FILE}` in `{exp}`; the run configs are in table.csv."))
+
+
+HOVER_ALWAYS = ("model.name", "data.dataset", "data.random_label_ratio", "seed")
+
+
+def hover_runs(ctx: ReportContext) -> list[dict[str, Any]]:
+    """What the page's hover says about each run used (in the order of the scatter grids' run indices):
+    id, gap, and its configuration: the model, dataset, ratio and seed, then every config field that
+    differs between the runs (the swept axes, data draws, ...), each once."""
+    frame = ctx.analysis.included
+    config = [c for c in frame.columns if c == "seed" or c.split(".", 1)[0] in ("data", "model", "train")]
+    varying = [c for c in config if c not in NON_MODEL_FIELDS and frame[c].astype(str).nunique() > 1]
+    cols = list(dict.fromkeys([c for c in (*HOVER_ALWAYS, *ctx.analysis.axes, *varying) if c in frame.columns]))
+    out = []
+    for _, r in frame.iterrows():
+        gap = to_float(r.get(ctx.analysis.gap_column))
+        fields = [[c, str(r[c])] for c in cols]
+        out.append({"id": str(r["run_id"]), "gap": gap if math.isfinite(gap) else None, "fields": fields})
+    return out

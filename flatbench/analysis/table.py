@@ -139,6 +139,57 @@ def read_measures_file(path: Path) -> tuple[dict[str, dict[str, Any]], str | Non
     return {str(k): v for k, v in raw.items()}, None
 
 
+def snapshot_records(records: list[RunRecord]) -> dict[float, list[RunRecord]]:
+    """Per train-loss level, each run's snapshot at that level as a record of its own: the run's identity
+    and config, the snapshot's accuracies, losses and gaps, and the snapshot's measures."""
+    levels: dict[float, list[RunRecord]] = {}
+    for rec in records:
+        for snap in rec.info.get("snapshots") or []:
+            folder = rec.path / str(snap.get("path", ""))
+            measures, problem = read_measures_file(folder / store.MEASURES_JSON)
+            problems = [problem] if problem else []
+            info = {**{k: v for k, v in rec.info.items() if k not in ("snapshots", "history")},
+                    **{k: snap.get(k) for k in ("train_acc", "train_loss", "test_acc", "test_loss", "gap_acc",
+                                                "gap_loss", "calibration", "epoch")},
+                    "epochs": snap.get("epoch")}
+            levels.setdefault(float(snap["level"]), []).append(
+                RunRecord(experiment=rec.experiment, run_id=rec.run_id, path=folder, info=info,
+                          measures=measures, problems=problems))
+    return dict(sorted(levels.items(), reverse=True))
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a report is built from, each read once (`report_inputs`): the runs (`records`) and their table,
+    the snapshots' records per train-loss level (`snapshots`) and their tables (`level_tables`), the runs left
+    out as not in the study (`stale`, listed as such) and the measures' descriptions (`measure_info`: name →
+    an object with `description`, `cost`, `invariant_to`, e.g. the registry's specs; None: "not registered")."""
+
+    records: list[RunRecord]
+    table: pd.DataFrame
+    snapshots: dict[float, list[RunRecord]]
+    level_tables: dict[float, pd.DataFrame]
+    stale: list[RunRecord] = field(default_factory=list)
+    measure_info: dict[str, Any] | None = None
+
+
+def report_inputs(exp_dirs: list[Path], records: list[RunRecord] | None = None,
+                  snapshots: dict[float, list[RunRecord]] | None = None, stale: list[RunRecord] | None = None,
+                  measure_info: dict[str, Any] | None = None) -> ReportInputs:
+    """The report's inputs: the records (read from the folders when None; the report stage passes them
+    checked and filtered), their snapshots (read from the runs when None) and the tables of both, built
+    here once so that the statistics and the document read the same ones."""
+    records = load_records(exp_dirs) if records is None else records
+    snapshots = snapshot_records(records) if snapshots is None else snapshots
+    return ReportInputs(records, build_table(exp_dirs, records=records), snapshots, level_tables(snapshots),
+                        list(stale or []), measure_info)
+
+
+def level_tables(snapshots: Mapping[float, list[RunRecord]]) -> dict[float, pd.DataFrame]:
+    """The table of each snapshot level's records (`snapshot_records`)."""
+    return {level: build_table([], records=recs) for level, recs in snapshots.items()}
+
+
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested config → dotted keys; lists become "512x512" so that they group and print as one value."""
     out: dict[str, Any] = {}

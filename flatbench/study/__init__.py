@@ -4,7 +4,8 @@
                  before any work, sliced into shards
     train.py     train every unfinished run (one by one or in vectorized groups)
     measure.py   compute the measures on every finished run's final model and snapshots
-    report.py    which runs a report covers, with which settings; then `analysis.report.write_report`
+    report.py    which runs a report covers, with which settings; reads them once (records, tables), then
+                 `analysis.report.write_report`
     audit.py     the invariance experiment on one run: measures under random function-preserving rescalings
     population.py  the same over a whole experiment: does each measure keep its τ with the gap?
     compare.py   one page over several studies (`flatbench compare`)

@@ -1,5 +1,8 @@
-"""The report stage: which runs of which experiment folders a report covers, with which settings, checked
-before anything is written; the report itself is `flatbench.analysis.report.write_report`."""
+"""The report stage in one pass: folders → records → tables → statistics → document, each read once. This
+module says which runs of which experiment folders a report covers, with which settings, and checks them
+before anything is written; it reads the runs once (`table.report_inputs`: the records and their tables)
+and hands them to `flatbench.analysis.report.write_report`, which computes the statistics once and writes
+the files and the document from them."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flatbench import store
-from flatbench.analysis.report import ReportInputs, ReportSummary, snapshot_records, write_report, write_statistics
-from flatbench.analysis.table import load_records
+from flatbench.analysis.report import ReportSummary, write_report, write_statistics
+from flatbench.analysis.table import ReportInputs, load_records, report_inputs, snapshot_records
 from flatbench.config import ReportConfig
 from flatbench.errors import ConfigError, FlatbenchError
 from flatbench.measures.keys import parse_key
@@ -37,6 +40,22 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
     replaced by an empty one).
     """
     exp_dirs = _distinct([Path(p) for p in exp_dirs])
+    saved, current = _read_folders(exp_dirs)
+    cfg = _settings(saved or ReportConfig(), gap, min_train_acc, include_stale)
+    out = check_output_dir(out_dir or exp_dirs[0], "report folder")
+    inputs = _read_runs(exp_dirs, current, cfg, echo)
+    echo(f"building the report from {len(inputs.records)} runs"
+         + (f" ({len(inputs.stale)} left out as not in this study)" if inputs.stale else "") + " ...")
+    with kept_on_failure(out):  # a report that fails part-way (a full disk) leaves the previous one whole
+        if statistics_only:
+            write_statistics(exp_dirs, out, cfg, inputs, seed=seed)
+            return None
+        return write_report(exp_dirs, out, cfg, inputs=inputs, seed=seed, quiet=quiet, echo=echo)
+
+
+def _read_folders(exp_dirs: list[Path]) -> tuple[ReportConfig | None, dict[Path, set[str] | None]]:
+    """The first saved study's report settings (None without one) and, per folder, the run ids of its saved
+    study (None: no study.yaml, every run folder counts); refuses what is not an experiment folder."""
     cfg: ReportConfig | None = None
     current: dict[Path, set[str] | None] = {}
     for path in exp_dirs:
@@ -54,7 +73,12 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         else:
             raise FlatbenchError(f"{path} is not a flatbench experiment folder (no {store.STUDY_FILE} and no "
                                  f"{store.RUNS_DIR}/ inside)")
-    cfg = cfg or ReportConfig()
+    return cfg, current
+
+
+def _settings(cfg: ReportConfig, gap: str | None, min_train_acc: float | None,
+              include_stale: bool | None) -> ReportConfig:
+    """The saved settings with the command line's on top (each checked)."""
     if gap is not None:
         cfg = replace(cfg, gap=gap)
     if min_train_acc is not None:
@@ -63,7 +87,13 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
         cfg = replace(cfg, min_train_acc=min_train_acc)
     if include_stale is not None:
         cfg = replace(cfg, include_stale=include_stale or cfg.include_stale)
-    out = check_output_dir(out_dir or exp_dirs[0], "report folder")
+    return cfg
+
+
+def _read_runs(exp_dirs: list[Path], current: dict[Path, set[str] | None], cfg: ReportConfig,
+               echo: Callable[[str], Any]) -> ReportInputs:
+    """Every run read once and checked (damaged files, damaged runs, one setting per measure), the runs not
+    in the study set aside, stale entries dropped, then the tables built: the report's inputs."""
     records = load_records(exp_dirs)
     damaged = [problem for rec in records for problem in rec.problems]
     if damaged:
@@ -88,14 +118,7 @@ def report_study(exp_dirs: list[Path], out_dir: Path | None = None, gap: str | N
     check_one_setting(records, "")
     for level, recs in levels.items():
         check_one_setting(recs, f" (snapshots at train loss {level:g})")
-    echo(f"building the report from {len(records)} runs"
-         + (f" ({len(stale)} left out as not in this study)" if stale else "") + " ...")
-    with kept_on_failure(out):  # a report that fails part-way (a full disk) leaves the previous one whole
-        if statistics_only:
-            write_statistics(exp_dirs, out, records, cfg, seed=seed, stale=stale, snapshots=levels)
-            return None
-        inputs = ReportInputs(records, stale, _measure_info(records), levels)
-        return write_report(exp_dirs, out, cfg, inputs=inputs, seed=seed, quiet=quiet, echo=echo)
+    return report_inputs(exp_dirs, records, levels, stale, _measure_info(records))
 
 
 def check_regular_files(exp: Path) -> None:

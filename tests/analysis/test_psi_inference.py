@@ -154,7 +154,7 @@ def test_psi_over_training_axes_and_psi_data_over_data_axes():
     m = gap + rng.normal(size=n)
     result = analyze(as_table(design, gap, {"m": m}), n_boot=0)
     row = result.correlations.iloc[0]
-    assert result.training_axes == ["train.lr", "data.augment"]  # data.augment is a training hyperparameter
-    assert result.data_axes == ["data.n_train", "data.random_label_ratio"]
+    assert result.design.training_axes == ["train.lr", "data.augment"]  # data.augment is a training hyperparameter
+    assert result.design.data_axes == ["data.n_train", "data.random_label_ratio"]
     assert row["psi"] == pytest.approx((row["psi_train.lr"] + row["psi_data.augment"]) / 2)
     assert row["psi_data"] == pytest.approx((row["psi_data.n_train"] + row["psi_data.random_label_ratio"]) / 2)

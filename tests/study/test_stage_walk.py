@@ -3,7 +3,10 @@ the measure stage gives at most 20 stays and 8 returns, the same for 2 runs and 
 plan → compute → store (the study's config, its checks, then the registry's plan and the compute loop).
 The population audit, following every study object it reads, gives the same walk for 3 runs and for 5: its
 plan (every entry and every run's context) is made once, and the per-run loop works from the plan. The train
-stage reads the study once, into its plan, on a fresh study as on a finished one: 4 stays, no return."""
+stage reads the study once, into its plan, on a fresh study as on a finished one: 4 stays, no return. The
+report stage, following its settings and what it passes on (records, statistics, the document's context), is
+one pass (issue 43): at most 15 stays and 5 returns, the statistics and the document in one stay of
+analysis/report.py."""
 
 from __future__ import annotations
 
@@ -97,3 +100,23 @@ def test_the_train_stage_reads_the_study_once_then_trains_from_its_plan(tmp_path
     assert four["sequence"] == two["sequence"] == resumed["sequence"], (two, four, resumed)
     assert four["returns"] == 0 and max(four["entered"].values()) == 1, four
     assert four["sequence"][0] == "study/train.py" and four["sequence"][-1] == "measures/runner.py", four
+
+
+def test_the_report_stage_is_one_pass(tmp_path):
+    """folders → records → tables → statistics → document: each room entered in that order, analysis/report.py
+    once (it was entered 6 times: 32 stays, 20 returns)."""
+    from flatbench.study.measure import measure_study
+    from flatbench.study.report import report_study
+
+    walker = _walker()
+    study = _trained(tmp_path / "four", 4)
+    measure_study(study, torch.device("cpu"), quiet=True, echo=lambda *a: None)
+    walk = walker.summarize(walker.walk_report(lambda: report_study([study.exp_dir], quiet=True, echo=lambda *a: None,
+                                                                    min_train_acc=0.0)))
+    assert walk["stays"] <= 15 and walk["returns"] <= 5, walk
+    seq = walk["sequence"]
+    assert seq.count("analysis/report.py") == 1, seq
+    rooms = ["analysis/table.py", "analysis/report.py", "analysis/figures.py", "analysis/verdict_block.py",
+             "analysis/sections.py", "analysis/sections_detail.py"]
+    assert all(seq.count(room) == 1 for room in rooms[2:]), seq
+    assert [seq.index(room) for room in rooms] == sorted(seq.index(room) for room in rooms), seq

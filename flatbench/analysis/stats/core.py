@@ -163,14 +163,6 @@ class Analysis:
     """effect (draw, cell, residual, total), df, ss, share, F, p, partial_omega2: gap ~ draw + cell
     (`anova`), variance.csv."""
 
-    @property
-    def training_axes(self) -> list[str]:
-        return self.design.training_axes if self.design is not None else []
-
-    @property
-    def data_axes(self) -> list[str]:
-        return self.design.data_axes if self.design is not None else []
-
     def all_rows(self) -> pd.DataFrame:
         """correlations.csv: the measures (best τ first), then the references."""
         if not len(self.references):
