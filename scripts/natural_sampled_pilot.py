@@ -28,22 +28,19 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
 from flatbench.analysis.stats.anova import variance_decomposition  # noqa: E402
-from flatbench.config.parse import load_study, parse_study  # noqa: E402
+from flatbench.config.parse import load_study, load_yaml, parse_study  # noqa: E402
 from flatbench.store import read_json  # noqa: E402
 from flatbench.study.train import train_study  # noqa: E402
 
-AXES = {"train.lr": {"log_uniform": [3.0e-4, 3.0e-3]},
-        "train.weight_decay": {"log_uniform": [1.0e-6, 1.0e-3]},
-        "model.hidden_width": {"log_uniform_int": [32, 512]},
-        "model.hidden_depth": {"choice": [1, 2, 3]},
-        "model.batch_norm": {"choice": [False, True]},
-        "train.batch_size": {"choice": [32, 64, 128]}}
-"""The sampled axes (those of configs/cpu/natural_sampled.yaml)."""
+AXES = load_yaml(ROOT / "configs" / "cpu" / "natural_sampled.yaml")["sample"]["axes"]
+"""The sampled axes: the study's own (configs/cpu/natural_sampled.yaml), read, so the pilot cannot drift from
+the design it pilots."""
 
 
 def study_config(dataset: str, n_train: int, cells: int, draws: int, epochs: int, design_seed: int) -> dict:
