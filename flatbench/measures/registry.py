@@ -441,6 +441,8 @@ def _checked(registration: Registration, known: dict[str, MeasureSpec]) -> Measu
         unknown_settings = set(preset) - set(defaults)
         if unknown_settings:
             raise ValueError(f"{name}: variant '{vname}' sets unknown settings {sorted(unknown_settings)}")
+    if origin == "builtin" and not d["family"]:
+        raise FlatbenchError(f"measure '{name}': a built-in measure names its family (`family=`)")
     if isinstance(d["papers"], str) or not all(isinstance(p, str) for p in d["papers"]):
         raise FlatbenchError(f"measure '{name}': papers must be a tuple of citations (strings)")
     doc = (fn.__doc__ or "").strip().splitlines()
@@ -449,7 +451,7 @@ def _checked(registration: Registration, known: dict[str, MeasureSpec]) -> Measu
                        uses_loss=d["uses_loss"], stochastic=d["stochastic"],
                        larger_is_sharper=d["larger_is_sharper"], exact=d["exact"] and not d["stochastic"],
                        variants={k: dict(v) for k, v in variants.items()}, origin=origin, origin_sha256=sha,
-                       family=d["family"] or ("" if origin == "builtin" else _plugin_name(origin)),
+                       family=d["family"] or _plugin_name(origin),
                        precision=d["precision"], settings_help=dict(d["settings_help"] or {}),
                        in_all=bool(d["in_all"]), fixed_loss=str(d["fixed_loss"]), check=d["check"],
                        added_settings=frozenset(d["added_settings"]), papers=tuple(d["papers"]))
