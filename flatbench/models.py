@@ -5,13 +5,18 @@ Module structure is kept plain on purpose: the weight layers (`nn.Linear`, `nn.C
 separated only by ReLU (and max-pooling), both positively homogeneous. That is what the
 function-preserving rescalings (`flatbench.rescale`) and the per-layer Hessian computations rely on.
 
+Each built-in model is registered with what is known of it without building it (`register_model`): the
+rescaling families that apply to it (the invariance contract's catalogue reads them) and whether its runs
+can train as one vectorized group. A new built-in model is one `@register_model` here.
+
 Initialization uses the global torch RNG: `build_model` is deterministic given `torch.manual_seed`, and
 the trainer seeds it with `torch.manual_seed(derive_seed(...))` right before building.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
 
@@ -25,18 +30,51 @@ from flatbench.userspec import call_with_accepted, is_factory_spec, load_object
 
 ModelBuilder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 
-MODELS: dict[str, ModelBuilder] = {}
-"""Registry: model name → builder(cfg, input_shape, num_classes)."""
 
 
-def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    """Decorator adding a builder `(cfg, input_shape, num_classes) -> nn.Module` to `MODELS`."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """A built-in model: its builder, and what is known of the model a config builds without building it."""
+
+    name: str
+    build: ModelBuilder
+    families: Callable[[ModelConfig], frozenset[str]]
+    """The function-preserving rescaling families (`flatbench.rescale.FAMILIES`) that apply to the model
+    (tests/test_rescale.py checks them against `flatbench.rescale.applicable_families` on built models)."""
+    vectorizable: Callable[[ModelConfig], bool]
+    """Whether runs of the model train as one vectorized group (no batch norm, dropout or buffers)."""
+
+
+MODELS: dict[str, ModelSpec] = {}
+"""Registry: model name → its spec (the builder `(cfg, input_shape, num_classes)` and what it declares)."""
+
+
+def register_model(name: str, *, families: Iterable[str] | Callable[[ModelConfig], Iterable[str]] = (),
+                   vectorizable: bool | Callable[[ModelConfig], bool] = False,
+                   ) -> Callable[[ModelBuilder], ModelBuilder]:
+    """Decorator adding a builder `(cfg, input_shape, num_classes) -> nn.Module` to `MODELS`, with the
+    rescaling families that apply to the model it builds and whether it can be vectorized: each a constant,
+    or a function of the `ModelConfig` where they depend on it (an mlp with batch norm)."""
     def decorate(builder: ModelBuilder) -> ModelBuilder:
         if name in MODELS:
             raise ValueError(f"model '{name}' is already registered")
-        MODELS[name] = builder
+        fam = families if callable(families) else (lambda cfg, given=frozenset(families): given)
+        vec = vectorizable if callable(vectorizable) else (lambda cfg, given=bool(vectorizable): given)
+        MODELS[name] = ModelSpec(name, builder, lambda cfg: frozenset(fam(cfg)), lambda cfg: bool(vec(cfg)))
         return builder
     return decorate
+
+
+def model_families(cfg: ModelConfig) -> frozenset[str]:
+    """The rescaling families that apply to the model `cfg` builds (none known for a factory's model)."""
+    spec = MODELS.get(cfg.name)
+    return spec.families(cfg) if spec else frozenset()
+
+
+def model_vectorizable(cfg: ModelConfig) -> bool:
+    """Whether runs of the model `cfg` builds can train as one vectorized group (a factory's model: no)."""
+    spec = MODELS.get(cfg.name)
+    return spec.vectorizable(cfg) if spec else False
 
 
 def check_model_name(name: str) -> None:
@@ -83,7 +121,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         raise ConfigError(f"model.kwargs is for model factories (file.py:function); '{cfg.name}' is built in")
     if cfg.name not in MODELS:
         raise ConfigError(f"unknown model '{cfg.name}' (available: {', '.join(sorted(MODELS))})")
-    return MODELS[cfg.name](cfg, tuple(input_shape), num_classes)
+    return MODELS[cfg.name].build(cfg, tuple(input_shape), num_classes)
 
 
 # ---------------------------------------------------------------- mlp
@@ -111,7 +149,13 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
 
 
-@register_model("mlp")
+def _mlp_families(cfg: ModelConfig) -> frozenset[str]:
+    """Layer and node rescaling need a hidden layer, BatchNorm rescaling a BatchNorm; the logits are a Linear's."""
+    return frozenset({"logit_scale"} | ({"layer", "node"} if cfg.widths else set())
+                     | ({"bn"} if cfg.batch_norm else set()))
+
+
+@register_model("mlp", families=_mlp_families, vectorizable=lambda cfg: not cfg.batch_norm)
 def mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     in_features = 1
     for d in input_shape:
@@ -144,7 +188,7 @@ class LeNet5(nn.Sequential):
         )
 
 
-@register_model("lenet")
+@register_model("lenet", families=("layer", "node", "logit_scale"), vectorizable=True)
 def lenet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     channels, height, width = input_shape
     if height != width:
@@ -219,7 +263,7 @@ class WideResNet(nn.Module):
         return self.fc(out.mean(dim=(2, 3)))
 
 
-@register_model("wrn")
+@register_model("wrn", families=("layer", "node", "bn", "logit_scale"))
 def wrn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return WideResNet(input_shape[0], num_classes, depth=cfg.depth, width=cfg.width, dropout=cfg.dropout)
 
