@@ -5,9 +5,8 @@ Module structure is kept plain on purpose: the weight layers (`nn.Linear`, `nn.C
 separated only by ReLU (and max-pooling), both positively homogeneous. That is what the
 function-preserving rescalings (`flatbench.rescale`) and the per-layer Hessian computations rely on.
 
-Each built-in model is registered with what is known of it without building it (`register_model`): the
-rescaling families that apply to it (the invariance contract's catalogue reads them) and whether its runs
-can train as one vectorized group. A new built-in model is one `@register_model` here.
+A built-in model is one `@register_model` here, which declares the rescaling families that apply to it and
+whether its runs can train as one vectorized group (the contract's catalogue and the trainer read them).
 
 Initialization uses the global torch RNG: `build_model` is deterministic given `torch.manual_seed`, and
 the trainer seeds it with `torch.manual_seed(derive_seed(...))` right before building.
@@ -31,50 +30,45 @@ from flatbench.userspec import call_with_accepted, is_factory_spec, load_object
 ModelBuilder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 
 
-
 @dataclass(frozen=True)
 class ModelSpec:
-    """A built-in model: its builder, and what is known of the model a config builds without building it."""
+    """A built-in model: its builder and what it declares, each a constant or a function of its ModelConfig."""
 
-    name: str
     build: ModelBuilder
-    families: Callable[[ModelConfig], frozenset[str]]
-    """The function-preserving rescaling families (`flatbench.rescale.FAMILIES`) that apply to the model
-    (tests/test_rescale.py checks them against `flatbench.rescale.applicable_families` on built models)."""
-    vectorizable: Callable[[ModelConfig], bool]
-    """Whether runs of the model train as one vectorized group (no batch norm, dropout or buffers)."""
+    families: Iterable[str] | Callable[[ModelConfig], Iterable[str]] = ()
+    """The rescaling families (`flatbench.rescale.FAMILIES`) that apply to the model it builds
+    (tests/test_models.py checks them against `rescale.applicable_families` on the built model)."""
+    vectorizable: bool | Callable[[ModelConfig], bool] = False
+    """Whether its runs can train as one vectorized group (no batch norm, dropout or buffers)."""
 
 
 MODELS: dict[str, ModelSpec] = {}
-"""Registry: model name → its spec (the builder `(cfg, input_shape, num_classes)` and what it declares)."""
+"""Registry: model name → its builder `(cfg, input_shape, num_classes)` and what it declares."""
 
 
 def register_model(name: str, *, families: Iterable[str] | Callable[[ModelConfig], Iterable[str]] = (),
                    vectorizable: bool | Callable[[ModelConfig], bool] = False,
                    ) -> Callable[[ModelBuilder], ModelBuilder]:
     """Decorator adding a builder `(cfg, input_shape, num_classes) -> nn.Module` to `MODELS`, with the
-    rescaling families that apply to the model it builds and whether it can be vectorized: each a constant,
-    or a function of the `ModelConfig` where they depend on it (an mlp with batch norm)."""
+    rescaling families that apply to the model it builds and whether it can be vectorized."""
     def decorate(builder: ModelBuilder) -> ModelBuilder:
         if name in MODELS:
             raise ValueError(f"model '{name}' is already registered")
-        fam = families if callable(families) else (lambda cfg, given=frozenset(families): given)
-        vec = vectorizable if callable(vectorizable) else (lambda cfg, given=bool(vectorizable): given)
-        MODELS[name] = ModelSpec(name, builder, lambda cfg: frozenset(fam(cfg)), lambda cfg: bool(vec(cfg)))
+        MODELS[name] = ModelSpec(builder, families, vectorizable)
         return builder
     return decorate
 
 
 def model_families(cfg: ModelConfig) -> frozenset[str]:
     """The rescaling families that apply to the model `cfg` builds (none known for a factory's model)."""
-    spec = MODELS.get(cfg.name)
-    return spec.families(cfg) if spec else frozenset()
+    declared = MODELS[cfg.name].families if cfg.name in MODELS else ()
+    return frozenset(declared(cfg) if callable(declared) else declared)
 
 
 def model_vectorizable(cfg: ModelConfig) -> bool:
     """Whether runs of the model `cfg` builds can train as one vectorized group (a factory's model: no)."""
-    spec = MODELS.get(cfg.name)
-    return spec.vectorizable(cfg) if spec else False
+    declared = MODELS[cfg.name].vectorizable if cfg.name in MODELS else False
+    return bool(declared(cfg) if callable(declared) else declared)
 
 
 def check_model_name(name: str) -> None:
@@ -149,13 +143,9 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
 
 
-def _mlp_families(cfg: ModelConfig) -> frozenset[str]:
-    """Layer and node rescaling need a hidden layer, BatchNorm rescaling a BatchNorm; the logits are a Linear's."""
-    return frozenset({"logit_scale"} | ({"layer", "node"} if cfg.widths else set())
-                     | ({"bn"} if cfg.batch_norm else set()))
-
-
-@register_model("mlp", families=_mlp_families, vectorizable=lambda cfg: not cfg.batch_norm)
+@register_model("mlp", families=lambda cfg: {"logit_scale", *(("layer", "node") if cfg.widths else ()),
+                                             *(("bn",) if cfg.batch_norm else ())},
+                vectorizable=lambda cfg: not cfg.batch_norm)
 def mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     in_features = 1
     for d in input_shape:

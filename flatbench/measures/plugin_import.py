@@ -62,26 +62,23 @@ def run_file(path: Path, module_name: str, spec: str) -> None:
     exec_file(path, module_name, lambda exc: failure(spec, exc), what=f"plugin file {spec}")
 
 
-def _find(module_name: str) -> Any:
+def _found(module_name: str) -> tuple[bool, str | None]:
+    """Whether a module can be found, and the sha256 of its source file (None: no file), without importing it."""
     try:
-        return importlib.util.find_spec(module_name)
+        found = importlib.util.find_spec(module_name)
     except (ImportError, ValueError):
-        return None
-
-
-def _source_hash(found: Any) -> str | None:
-    """sha256 of a found module's source file, without importing it (None: no file to hash)."""
+        found = None
     origin = Path(found.origin) if found and found.origin and Path(found.origin).is_file() else None
-    return file_sha256(origin) if origin else None
+    return found is not None, file_sha256(origin) if origin else None
 
 
 def module_hash(spec: str) -> str | None:
     """The sha256 of a plugin module's source; one line when the module cannot be found."""
-    found = _find(spec)
-    if found is None:
+    exists, sha = _found(spec)
+    if not exists:
         raise FlatbenchError(f"plugin module '{spec}' cannot be found (is it installed, or on PYTHONPATH?); "
                              "a file is given by its path, e.g. ./my_measures.py")
-    return _source_hash(found)
+    return sha
 
 
 def run_module(spec: str) -> None:
@@ -99,7 +96,7 @@ def installed() -> list[tuple[Any, str, str, str | None]]:
     out = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         module_name = ep.value.partition(":")[0].strip()
-        out.append((ep, module_name, f"entry point '{ep.name}' ({ep.value})", _source_hash(_find(module_name))))
+        out.append((ep, module_name, f"entry point '{ep.name}' ({ep.value})", _found(module_name)[1]))
     return out
 
 

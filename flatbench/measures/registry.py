@@ -1,33 +1,24 @@
-"""The measure registry, in one module: what a measure is (`MeasureSpec`), the store of them, the one
-decorator that registers a measure (`register_measure`), the checks every registration passes, the loading
-of the built-in measures and of plugins, and the lookups (`all_measures`, `get_measure`, `resolve_names`).
+"""The measure registry, in one module: `MeasureSpec` and the store, `register_measure` and its checks, the
+loading of the built-in measures and plugins, and the lookups (`all_measures`, `get_measure`, `resolve_names`).
 
-    @register_measure("frobenius_norm", description="...", invariant_to=(), cost="cheap", family="norm",
-                      papers=("Jiang et al. ICLR 2020",))
+    @register_measure("frobenius_norm", description="...", cost="cheap", family="norm", papers=(JIANG,))
     def frobenius_norm(ctx: MeasureContext) -> dict[str, float]: ...
 
-A measure function takes a `MeasureContext` and returns either a dict of result values (the key equal to
-the measure's name is its headline value; keys with a "/" are per-layer details) or a `MeasureOutput`
-with extra `info` (method, iterations, standard errors, sample counts). A measure that does not apply to
-a model raises `NotApplicable(reason)`. Declared invariances feed the invariance test matrix, so a new
-measure joins it by registering. Everything known about a measure (its family in the report, its papers
-on the reference page) is given at its registration and kept on its spec, nowhere else.
+A measure function takes a `MeasureContext` and returns a dict of values (the key equal to its name is the
+headline value; keys with a "/" are details), a bare number, or a `MeasureOutput` with extra `info`; it
+raises `NotApplicable(reason)` where the model lacks a structure it needs. Everything known about a measure
+(its invariances, which feed the invariance matrix; its family in the report; its papers) is an argument of
+its registration, kept on its spec and nowhere else.
 
-*Variants.* A measure may declare named presets of its settings, `variants={"published": {"solver":
-"published"}}`; `name:variant` (e.g. `minimum_sharpness:published`) is then a measure of its own: the same
-function with those settings, its results stored under `name:variant` (so both can sit side by side in one
-study and one report). `all` means the base measures only; variants are asked for by name, and so are
-measures registered with `in_all=False` (e.g. `hessian_density`, whose output is a spectrum to plot rather
-than a value to rank by: adding it to `all` would change every study that asks for `all`).
+*Variants.* `variants={"published": {"solver": "published"}}` makes `name:published` a measure of its own:
+the same function with those settings, stored under its own key (both can sit side by side in one study).
+`all` means the base measures only; variants are asked for by name, and so are measures registered with
+`in_all=False` (`hessian_density`, a spectrum to plot rather than a value to rank by).
 
-*Loading.* The built-in measures (every module of `flatbench.measures.builtin`) and those of installed
-`flatbench.measures` entry points are loaded when the registry is first read; `load_plugins` loads plugin
-files and modules (`flatbench.measures.plugin_import` finds and imports them). The import of a plugin only
-records its registrations; they are checked after the import (invariance families, settings, cost,
-precision, name, a clash with another measure, variants), all of them or none stored. A registration outside
-a load (a notebook's own `@register_measure`) is checked and stored at once, by the same check. Every plugin
-measure records its plugin's label and the sha256 of the plugin's source in its spec; the measure runner
-stores that with each result, so an edited plugin recomputes its entries.
+*Loading.* The built-in measures and those of installed entry points are loaded when the registry is first
+read, plugins by `load_plugins` (`flatbench.measures.plugin_import` finds and imports them). An import only
+records its registrations; they are checked after it, all stored or none. A plugin measure keeps its
+plugin's label and source sha256, stored with each result: an edited plugin recomputes its entries.
 """
 
 from __future__ import annotations
@@ -241,12 +232,6 @@ MEASURE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 follows it in an entry key), `:` (a variant), `/` (a detail key), `,` (a list of names) or whitespace."""
 
 
-def forget(origin: str) -> None:
-    """Drop the measures of one plugin (an edited file's earlier version)."""
-    for name in [n for n, s in REGISTERED.items() if s.origin == origin]:
-        del REGISTERED[name]
-
-
 # ---------------------------------------------------------------- loading
 
 
@@ -256,7 +241,8 @@ def _load_file(spec: str) -> str:
     if loaded and loaded[1] == sha:
         return loaded[0]
     if loaded:  # edited since it was loaded in this process: its old measures make way for the new ones
-        forget(str(path))
+        for name in [n for n, s in REGISTERED.items() if s.origin == str(path)]:
+            del REGISTERED[name]
     module_name = file_module_name(path, sha)
     PLUGIN_SOURCES[module_name] = (str(path), sha)
     _check_and_store(_recording(lambda: run_file(path, module_name, spec)), spec, module_name)
@@ -270,15 +256,6 @@ def _load_module(spec: str) -> str:
     PLUGIN_SOURCES[spec] = (spec, module_hash(spec))
     _check_and_store(_recording(lambda: run_module(spec)), spec, spec)
     return spec
-
-
-def import_plugin(spec: str) -> str:
-    """Import one plugin (a file or a module name) and store its checked measures; an edited file's earlier
-    measures make way for the new ones. Returns the module's name."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise FlatbenchError(f"measure.plugins: expected a file or module name, got {spec!r}")
-    spec = spec.strip()
-    return _load_file(spec) if is_file_spec(spec) else _load_module(spec)
 
 
 def load_installed() -> None:
@@ -304,7 +281,9 @@ def load_plugins(specs: list[str] | tuple[str, ...] | None) -> list[str]:
     load_installed()  # the built-in measures first, so that a clash is found and named
     before = set(REGISTERED)
     for spec in specs or ():
-        import_plugin(spec)
+        if not isinstance(spec, str) or not spec.strip():
+            raise FlatbenchError(f"measure.plugins: expected a file or module name, got {spec!r}")
+        (_load_file if is_file_spec(spec.strip()) else _load_module)(spec.strip())
     return sorted(set(REGISTERED) - before)
 
 

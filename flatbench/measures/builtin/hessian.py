@@ -160,8 +160,7 @@ def _hutchpp_output(ctx: MeasureContext, reason: str) -> MeasureOutput:
 
 
 @register_measure(
-    "hessian_max_eig", family="curvature",
-    papers=("Keskar et al. ICLR 2017 (sharpness as λ_max)", JIANG),
+    "hessian_max_eig", family="curvature", papers=("Keskar et al. ICLR 2017 (sharpness as λ_max)", JIANG),
     description="λ_max(H) of the loss on the measurement set by Lanczos with full reorthogonalization",
     invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False, precision="float32",
     settings_help=MAX_EIG_HELP, check=lambda s: setting_range("hessian_max_eig", s, MAX_EIG_RULES))

@@ -434,8 +434,7 @@ def layer_problems(ctx: MeasureContext, loss_name: str | None = None
 
 
 @register_measure(
-    "matrix_normalized_sharpness", family="rescaled curvature",
-    papers=(TSUZUKU,),
+    "matrix_normalized_sharpness", family="rescaled curvature", papers=(TSUZUKU,),
     description="Tsuzuku et al. §4: Σ_l 2‖W_l‖_F sqrt(Tr H_{W_l}), one variance per weight matrix "
                 "(closed form)",
     invariant_to=("layer", "bn"), cost="hessian", uses_loss=True)
@@ -511,8 +510,7 @@ PUBLISHED = {"published": {"solver": "published"}}
 
 
 @register_measure(
-    "normalized_sharpness", family="rescaled curvature",
-    papers=(TSUZUKU,),
+    "normalized_sharpness", family="rescaled curvature", papers=(TSUZUKU,),
     description="Tsuzuku et al. §5: Σ_l min_{σ,σ'} Σ_ij H_ij σ_iσ'_j + W_ij²/(σ_iσ'_j), cross-entropy",
     invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="ce",
     settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness", s, NS_RULES))
@@ -527,8 +525,7 @@ def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure(
-    "normalized_sharpness_nce", family="rescaled curvature",
-    papers=(TSUZUKU,),
+    "normalized_sharpness_nce", family="rescaled curvature", papers=(TSUZUKU,),
     description="Tsuzuku et al. §5.4: normalized sharpness with the normalized-softmax cross-entropy "
                 "(flatbench's normalized_ce, τ = measure.normalized_ce_tau)",
     invariant_to=("layer", "node", "bn", "logit_scale"), cost="hessian",

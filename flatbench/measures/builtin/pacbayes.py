@@ -266,8 +266,7 @@ def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure(
-    "pacbayes_mag_flatness", family="PAC-Bayes",
-    papers=(JIANG,),
+    "pacbayes_mag_flatness", family="PAC-Bayes", papers=(JIANG,),
     description="Jiang et al. 2020 eq. 61: 1/σ'² with magnitude-aware noise u_i ~ N(0, σ'²θ_i² + ε²) "
                 "(bisection)",
     invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32",

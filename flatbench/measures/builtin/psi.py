@@ -344,8 +344,7 @@ def _chain_block(block: Tensor, acts: list[Tensor], pres: list[Tensor], us: list
 
 
 @register_measure(
-    "psi_flatness", family="rescaled curvature",
-    papers=(YI,),
+    "psi_flatness", family="rescaled curvature", papers=(YI,),
     description="Yi et al. 2019: Tr of the Hessian with respect to the basis-path values "
                 "(bias-free ReLU MLPs)",
     invariant_to=("layer", "node"), cost="hessian", uses_loss=True, defaults={"chain_batch": 16},
@@ -371,8 +370,7 @@ def psi_flatness(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure(
-    "psi_path_ratio", family="rescaled curvature",
-    papers=(YI,),
+    "psi_path_ratio", family="rescaled curvature", papers=(YI,),
     description="Yi et al. 2019: max|v| / min|v| over the basis-path values (bias-free ReLU MLPs)",
     invariant_to=("layer", "node", "logit_scale"), cost="cheap")
 def psi_path_ratio(ctx: MeasureContext) -> MeasureOutput:

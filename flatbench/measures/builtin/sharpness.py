@@ -402,8 +402,7 @@ _register_adaptive_worst_case("linf", "ℓ∞", 0.002)
 
 
 @register_measure(
-    "adaptive_sharpness_avg", family="sharpness",
-    papers=(ADAPTIVE,),
+    "adaptive_sharpness_avg", family="sharpness", papers=(ADAPTIVE,),
     description="average-case adaptive sharpness E_{δ~N(0, ρ² diag θ²)} L_B(θ+δ) − L_B(θ), Monte-Carlo "
                 "per batch",
     invariant_to=("layer", "node", "bn"), cost="gradient",
