@@ -7,10 +7,10 @@ import registers and checks it. Kept apart so that the registry reads as the reg
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import sys
 from importlib.metadata import entry_points
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,14 +81,15 @@ def module_hash(spec: str) -> str | None:
     return sha
 
 
-def run_module(spec: str) -> None:
-    """Import a plugin module; anything it raises (sys.exit included) but a FlatbenchError is one line."""
+def run_guarded(label: str, load: Callable[[], Any]) -> None:
+    """Import a plugin module or load an entry point: anything its code raises (sys.exit included) but a
+    FlatbenchError or Ctrl-C is one line naming the plugin."""
     try:
-        importlib.import_module(spec)
+        load()
     except (FlatbenchError, KeyboardInterrupt):
         raise
     except BaseException as exc:  # noqa: BLE001 - sys.exit() in a plugin's import is its failure, not ours
-        raise failure(spec, exc) from None
+        raise failure(label, exc) from None
 
 
 def installed() -> list[tuple[Any, str, str, str | None]]:
@@ -99,12 +100,3 @@ def installed() -> list[tuple[Any, str, str, str | None]]:
         out.append((ep, module_name, f"entry point '{ep.name}' ({ep.value})", _found(module_name)[1]))
     return out
 
-
-def run_entry_point(ep: Any, label: str) -> None:
-    """Load one entry point; an exception of its code is one line."""
-    try:
-        ep.load()
-    except FlatbenchError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise failure(label, exc) from None

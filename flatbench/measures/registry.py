@@ -38,8 +38,8 @@ import torch
 
 from flatbench.errors import FlatbenchError, did_you_mean
 from flatbench.measures import builtin
-from flatbench.measures.plugin_import import (file_module_name, failure, installed, is_file_spec, module_hash,
-                                              module_source_hash, plugin_file, run_entry_point, run_file, run_module)
+from flatbench.measures.plugin_import import (failure, file_module_name, installed, is_file_spec, module_hash,
+                                              module_source_hash, plugin_file, run_file, run_guarded)
 from flatbench.rescale import FAMILIES
 
 __all__ = ["COST_CLASSES", "COST_MEANING", "FAMILIES", "PRECISIONS", "MeasureOutput", "MeasureOutputError",
@@ -220,7 +220,6 @@ measure would run for days or run out of memory instead of answering."""
 REGISTERED: dict[str, MeasureSpec] = {}
 """Name → spec of every registered measure, checked before it is stored here; read it as it is (no loading:
 `all_measures` loads first)."""
-BUILTIN_PACKAGE = "flatbench.measures.builtin"
 PLUGIN_SOURCES: dict[str, tuple[str, str | None]] = {}
 """Module name → (plugin label, sha256 of its source) of the plugins loaded here: the origin of the measures
 those modules register."""
@@ -254,7 +253,7 @@ def _load_module(spec: str) -> str:
     if spec in sys.modules:
         return spec
     PLUGIN_SOURCES[spec] = (spec, module_hash(spec))
-    _check_and_store(_recording(lambda: run_module(spec)), spec, spec)
+    _check_and_store(_recording(lambda: run_guarded(spec, lambda: importlib.import_module(spec))), spec, spec)
     return spec
 
 
@@ -266,11 +265,11 @@ def load_installed() -> None:
         return
     _INSTALLED_LOADED = True
     for mod in pkgutil.iter_modules(builtin.__path__):
-        name = f"{BUILTIN_PACKAGE}.{mod.name}"
+        name = f"{builtin.__name__}.{mod.name}"
         _check_and_store(_recording(lambda name=name: importlib.import_module(name)), name, None)
     for ep, module_name, label, sha in installed():
         PLUGIN_SOURCES.setdefault(module_name, (module_name, sha))
-        _check_and_store(_recording(lambda ep=ep, label=label: run_entry_point(ep, label)), label, None)
+        _check_and_store(_recording(lambda ep=ep, label=label: run_guarded(label, ep.load)), label, None)
 
 
 def load_plugins(specs: list[str] | tuple[str, ...] | None) -> list[str]:
@@ -446,7 +445,7 @@ def _origin(fn: Callable[..., Any]) -> tuple[str, str | None]:
     """Where a measure function comes from: "builtin", or its plugin's label and source hash (a module
     imported by the user's own code counts as a plugin named after the module)."""
     module = getattr(fn, "__module__", None) or "__main__"
-    if module == BUILTIN_PACKAGE or module.startswith(BUILTIN_PACKAGE + "."):
+    if module == builtin.__name__ or module.startswith(builtin.__name__ + "."):
         return "builtin", None
     if module in PLUGIN_SOURCES:
         return PLUGIN_SOURCES[module]
