@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from importlib.metadata import entry_points
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
