@@ -5,13 +5,17 @@ Module structure is kept plain on purpose: the weight layers (`nn.Linear`, `nn.C
 separated only by ReLU (and max-pooling), both positively homogeneous. That is what the
 function-preserving rescalings (`flatbench.rescale`) and the per-layer Hessian computations rely on.
 
+A built-in model is one `@register_model` here, which declares the rescaling families that apply to it and
+whether its runs can train as one vectorized group (the contract's catalogue and the trainer read them).
+
 Initialization uses the global torch RNG: `build_model` is deterministic given `torch.manual_seed`, and
 the trainer seeds it with `torch.manual_seed(derive_seed(...))` right before building.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
 
@@ -25,18 +29,46 @@ from flatbench.userspec import call_with_accepted, is_factory_spec, load_object
 
 ModelBuilder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 
-MODELS: dict[str, ModelBuilder] = {}
-"""Registry: model name → builder(cfg, input_shape, num_classes)."""
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A built-in model: its builder and what it declares, each a constant or a function of its ModelConfig."""
+
+    build: ModelBuilder
+    families: Iterable[str] | Callable[[ModelConfig], Iterable[str]] = ()
+    """The rescaling families (`flatbench.rescale.FAMILIES`) that apply to the model it builds
+    (tests/test_models.py checks them against `rescale.applicable_families` on the built model)."""
+    vectorizable: bool | Callable[[ModelConfig], bool] = False
+    """Whether its runs can train as one vectorized group (no batch norm, dropout or buffers)."""
 
 
-def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    """Decorator adding a builder `(cfg, input_shape, num_classes) -> nn.Module` to `MODELS`."""
+MODELS: dict[str, ModelSpec] = {}
+"""Registry: model name → its builder `(cfg, input_shape, num_classes)` and what it declares."""
+
+
+def register_model(name: str, *, families: Iterable[str] | Callable[[ModelConfig], Iterable[str]] = (),
+                   vectorizable: bool | Callable[[ModelConfig], bool] = False,
+                   ) -> Callable[[ModelBuilder], ModelBuilder]:
+    """Decorator adding a builder `(cfg, input_shape, num_classes) -> nn.Module` to `MODELS`, with the
+    rescaling families that apply to the model it builds and whether it can be vectorized."""
     def decorate(builder: ModelBuilder) -> ModelBuilder:
         if name in MODELS:
             raise ValueError(f"model '{name}' is already registered")
-        MODELS[name] = builder
+        MODELS[name] = ModelSpec(builder, families, vectorizable)
         return builder
     return decorate
+
+
+def model_families(cfg: ModelConfig) -> frozenset[str]:
+    """The rescaling families that apply to the model `cfg` builds (none known for a factory's model)."""
+    declared = MODELS[cfg.name].families if cfg.name in MODELS else ()
+    return frozenset(declared(cfg) if callable(declared) else declared)
+
+
+def model_vectorizable(cfg: ModelConfig) -> bool:
+    """Whether runs of the model `cfg` builds can train as one vectorized group (a factory's model: no)."""
+    declared = MODELS[cfg.name].vectorizable if cfg.name in MODELS else False
+    return bool(declared(cfg) if callable(declared) else declared)
 
 
 def check_model_name(name: str) -> None:
@@ -83,7 +115,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         raise ConfigError(f"model.kwargs is for model factories (file.py:function); '{cfg.name}' is built in")
     if cfg.name not in MODELS:
         raise ConfigError(f"unknown model '{cfg.name}' (available: {', '.join(sorted(MODELS))})")
-    return MODELS[cfg.name](cfg, tuple(input_shape), num_classes)
+    return MODELS[cfg.name].build(cfg, tuple(input_shape), num_classes)
 
 
 # ---------------------------------------------------------------- mlp
@@ -111,7 +143,9 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
 
 
-@register_model("mlp")
+@register_model("mlp", families=lambda cfg: {"logit_scale", *(("layer", "node") if cfg.widths else ()),
+                                             *(("bn",) if cfg.batch_norm else ())},
+                vectorizable=lambda cfg: not cfg.batch_norm)
 def mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     in_features = 1
     for d in input_shape:
@@ -144,7 +178,7 @@ class LeNet5(nn.Sequential):
         )
 
 
-@register_model("lenet")
+@register_model("lenet", families=("layer", "node", "logit_scale"), vectorizable=True)
 def lenet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     channels, height, width = input_shape
     if height != width:
@@ -219,7 +253,7 @@ class WideResNet(nn.Module):
         return self.fc(out.mean(dim=(2, 3)))
 
 
-@register_model("wrn")
+@register_model("wrn", families=("layer", "node", "bn", "logit_scale"))
 def wrn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return WideResNet(input_shape[0], num_classes, depth=cfg.depth, width=cfg.width, dropout=cfg.dropout)
 

@@ -288,7 +288,7 @@ SOURCE_BUGS += [  # issue 44 part B: nothing silently wrong (damaged runs, I/O e
     ("args: 1e-3 is a string", "flatbench/strict_yaml.py",
      'StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))', "",
      [*B, "exponent"]),
-    ("args: a tab in a measure name", "flatbench/measures/plugins.py",
+    ("args: a tab in a measure name", "flatbench/measures/registry.py",
      'MEASURE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\\-]*")', 'MEASURE_NAME = re.compile(r"[^:@/,]+")',
      [*B, "names"]),
     ("args: describe prints terminal sequences", "flatbench/errors.py",

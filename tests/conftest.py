@@ -30,13 +30,13 @@ def _registry_as_before():
     """The measure registry as it was before each test module: a plugin a module loads in this process (a
     docs example, a broken measure of the isolation tests) is gone after it, so that a later module's `all`
     (the committed studies' configs say `all`) never includes it."""
-    from flatbench.measures import all_measures, specs
+    from flatbench.measures import all_measures, registry
 
     all_measures()
-    saved = dict(specs.REGISTERED)
+    saved = dict(registry.REGISTERED)
     yield
-    specs.REGISTERED.clear()
-    specs.REGISTERED.update(saved)
+    registry.REGISTERED.clear()
+    registry.REGISTERED.update(saved)
 
 
 TINY = {
@@ -129,10 +129,10 @@ def in_process(*args: str) -> subprocess.CompletedProcess:
 def own_registry():
     """The registry as it was before the test (measures registered or plugins loaded in the test are
     removed after it)."""
-    from flatbench.measures import all_measures, specs
+    from flatbench.measures import all_measures, registry
 
     all_measures()
-    saved = dict(specs.REGISTERED)
+    saved = dict(registry.REGISTERED)
     yield
-    specs.REGISTERED.clear()
-    specs.REGISTERED.update(saved)
+    registry.REGISTERED.clear()
+    registry.REGISTERED.update(saved)

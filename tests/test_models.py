@@ -193,3 +193,24 @@ def test_mlp_dropout_is_measured_as_the_same_chain_without_it() -> None:
     ok = (a["status"] == "ok").to_numpy()
     torch.testing.assert_close(torch.tensor(a["value"].to_numpy()[ok]), torch.tensor(b["value"].to_numpy()[ok]),
                                rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(name="mlp", widths=(6, 5)), ModelConfig(name="mlp", widths=()),
+                                 ModelConfig(name="mlp", widths=(6,), batch_norm=True, bias=False),
+                                 ModelConfig(name="lenet"), ModelConfig(name="wrn", depth=10, width=1)],
+                         ids=["mlp", "mlp_linear", "mlp_bn", "lenet", "wrn"])
+def test_a_model_declares_at_registration_the_families_and_vectorizing_that_hold(cfg) -> None:
+    """Issue 43: `register_model` carries what is known of a model without building it; built, the model
+    agrees (`rescale.applicable_families`), and what the contract's catalogue and the vectorized trainer
+    read is that declaration."""
+    from flatbench import rescale
+    from flatbench.models import model_families, model_vectorizable
+
+    model = build_model(cfg, (1, 28, 28) if cfg.name != "wrn" else (3, 8, 8), 10)
+    built = {f for f, ok in rescale.applicable_families(model).items() if ok is True}
+    assert model_families(cfg) == built, (cfg.name, built)
+    has_state = any(isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.Dropout))
+                    for m in model.modules())
+    assert not (model_vectorizable(cfg) and has_state)
+    assert model_families(ModelConfig(name="models.py:build")) == frozenset()
+    assert not model_vectorizable(ModelConfig(name="models.py:build"))

@@ -1,11 +1,11 @@
 """Which family a measure belongs to, for grouping the report's figures and filtering its verdict table.
 
-A registered measure may name its family (`spec.family`); otherwise the module that defines it decides,
-through `MODULE_FAMILIES`: the report groups measures by what they compute (weight norms, the Hessian's
-curvature, curvature rescaled to be invariant to reparametrizations, loss under weight perturbations,
-PAC-Bayes noise), which is how the three papers and Jiang et al. compare them. A measure from a module
-that is not listed (a user's plugin) is in the family named after its module; an unregistered one is in
-"other".
+A measure's family is given at its registration and kept on its spec (`spec.family`; a plugin measure that
+names none is in the family named after its plugin); the specs reach the report from the study stage
+(`measure_info`), so this floor reads no measure module. The report groups measures by what they compute
+(weight norms, the Hessian's curvature, curvature rescaled to be invariant to reparametrizations, loss under
+weight perturbations, PAC-Bayes noise), which is how the three papers and Jiang et al. compare them; an
+unregistered measure is in "other".
 """
 
 from __future__ import annotations
@@ -15,14 +15,6 @@ from typing import Any
 
 from flatbench.measures.keys import parse_key
 
-MODULE_FAMILIES = {
-    "norms": "norm", "fisher_rao": "norm",
-    "hessian": "curvature",
-    "normalized": "rescaled curvature", "minimum_sharpness": "rescaled curvature", "psi": "rescaled curvature",
-    "rangamani": "rescaled curvature", "relative_flatness": "rescaled curvature",
-    "sharpness": "sharpness",
-    "pacbayes": "PAC-Bayes",
-}
 FAMILY_ORDER = ("norm", "curvature", "rescaled curvature", "sharpness", "PAC-Bayes")
 OTHER = "other"
 
@@ -34,14 +26,7 @@ def spec_of(key: str, measure_info: Mapping[str, Any] | None) -> Any:
 
 def family_of(key: str, measure_info: Mapping[str, Any] | None) -> str:
     """The family of a result key (see the module doc)."""
-    spec = spec_of(key, measure_info)
-    if spec is None:
-        return OTHER
-    named = getattr(spec, "family", None)
-    if named:
-        return str(named)
-    module = str(getattr(getattr(spec, "fn", None), "__module__", "") or "").rsplit(".", 1)[-1]
-    return MODULE_FAMILIES.get(module, module or OTHER)
+    return str(getattr(spec_of(key, measure_info), "family", "") or OTHER)
 
 
 def family_rank(family: str) -> tuple[int, str]:

@@ -1,15 +1,14 @@
 """Flatness measures: the framework (registry, context, runner, cache, keys) and the built-in plugins.
 
-    registry.py   the registry: `get_measure`, `resolve_names`, variants, what a measure returns
-    specs.py      `MeasureSpec` and the store of the checked specs
+    registry.py   the registry, in one module: `MeasureSpec` and the store, `register_measure` and its checks,
+                  loading the built-in measures and plugins, `get_measure`, `resolve_names`, variants
+    plugin_import.py  how a plugin file, module or entry point is found and imported (for the registry)
     keys.py       result keys `name[:variant][@loss][/detail]`: built and split in one place (no torch)
     runner.py     computing measures on a trained model, cached entry by entry in measures.json
     context.py    what a measure function sees (model, measurement set, loss, seeded generators, cache)
     shared.py     quantities several measures share (Hessian diagonal, weight layers), cached once
     layers.py     the weight layers of a model in forward order
     plugin.py     the one module a measure author reads: `register_measure`, `MeasureContext`, ...
-    plugins.py    loading and checking measures in one place: `register_measure` records, the checks run
-                  after each import (built-in modules, plugin files and modules, entry points)
     contract.py   the invariance contract: a catalogue of trained models, rescaled, checked (check-measure)
     builtin/      the built-in measures, one module per family, registered exactly as a plugin is
 

@@ -29,13 +29,13 @@ import torch
 from torch import Tensor, nn
 
 from flatbench import rescale
-from flatbench.config import DataConfig
+from flatbench.config import DataConfig, ModelConfig
 from flatbench.data import load_dataset
 from flatbench.measures.context import MeasureContext
 from flatbench.measures.isolation import guarded_call, known_code, measurement_data, time_limit
 from flatbench.measures.process_state import OutsideChange
 from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, as_output, get_measure
-from flatbench.models import MLP, LeNet5, WideResNet
+from flatbench.models import MLP, LeNet5, WideResNet, model_families
 
 DTYPE = torch.float64
 N_EXAMPLES = 64
@@ -70,15 +70,10 @@ SPECS: dict[str, Spec] = {
 CASES: tuple[str, ...] = tuple(SPECS)
 
 FAMILIES_OF: dict[str, frozenset[str]] = {
-    "mlp": frozenset({"layer", "node", "logit_scale"}),
-    "mlp_nobias": frozenset({"layer", "node", "logit_scale"}),
-    "mlp_bn": frozenset({"layer", "node", "bn", "logit_scale"}),
-    "mlp_psi": frozenset({"layer", "node", "logit_scale"}),
-    "lenet": frozenset({"layer", "node", "logit_scale"}),
-    "wrn": frozenset({"layer", "node", "bn", "logit_scale"}),
-}
-"""The rescaling families that apply to each case (known without building it; tests/test_rescale.py
-checks it against `flatbench.rescale.applicable_families`)."""
+    name: model_families(ModelConfig(name=s.arch, widths=s.widths, bias=s.bias, batch_norm=s.batch_norm))
+    for name, s in SPECS.items()}
+"""The rescaling families that apply to each case, as its model's registration declares them (known without
+building it; tests/test_rescale.py checks it against `flatbench.rescale.applicable_families`)."""
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,13 @@
         return {"weight_l1": sum(float(p.abs().sum()) for p in ctx.model.parameters())}
 
 - `register_measure(name, description=..., invariant_to=(...), cost=..., defaults={...}, uses_loss=...,
-  stochastic=..., larger_is_sharper=..., exact=..., settings_help={...})` registers a function
-  `(ctx) -> dict | MeasureOutput`; `settings_help` gives each setting's meaning and valid range, which
-  `flatbench describe NAME --plugin FILE` prints with the defaults.
+  stochastic=..., larger_is_sharper=..., exact=..., settings_help={...}, family=..., papers=(...))`
+  registers a function `(ctx) -> dict | MeasureOutput`; `settings_help` gives each setting's meaning and
+  valid range, which `flatbench describe NAME --plugin FILE` prints with the defaults; `family` is the
+  report's grouping (default: the plugin's name), `papers` are listed on its reference page.
   The key equal to the name is the headline value (the one the report ranks); keys `name/detail` are
-  details; a bare number is the headline value. `invariant_to` declares rescaling families (`FAMILIES`): `flatbench check-measure NAME` checks
-  them on a catalogue of trained models.
+  details; a bare number is the headline value. `invariant_to` declares rescaling families (`FAMILIES`):
+  `flatbench check-measure NAME` checks them on a catalogue of trained models.
 - `MeasureContext` (`ctx`): `ctx.model` (eval mode, the measure dtype), `ctx.inputs`, `ctx.targets`,
   `ctx.loss` (a loss on the logits: `ctx.loss(logits, targets)` is the mean), `ctx.settings` (the
   measure's defaults with the user's `measure.settings`), `ctx.generator(tag)` (a seeded generator),

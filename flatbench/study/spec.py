@@ -22,7 +22,7 @@ from flatbench.data import check_dataset_name, dataset_root, load_raw
 from flatbench.errors import ConfigError, FlatbenchError
 from flatbench.losses import check_loss_name
 from flatbench.measures.keys import loss_tag, loss_tag_clash
-from flatbench.measures.plugins import is_file_spec
+from flatbench.measures.plugin_import import is_file_spec
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
 from flatbench.measures.runner import check_settings
 from flatbench.models import check_model_name

@@ -55,6 +55,7 @@ from flatbench.data import load_dataset
 from flatbench.errors import Echo
 from flatbench.seeding import augment_generator, batch_generator
 from flatbench.locks import RunLock, RunLocked
+from flatbench.models import model_vectorizable
 from flatbench.store import CHECKPOINT_FILE, RUN_JSON, atomic_write_json, run_dir
 from flatbench.training.batches import augment_batch, epoch_batches
 from flatbench.training.crossing import crossed, end_check, record_stop, seek_crossing
@@ -70,17 +71,14 @@ from flatbench.training.signals import Preempted, StopFlag
 AUTO_GROUP_SIZE = 16
 """Group size of `train.vectorize: auto` on CUDA devices."""
 
-VECTORIZABLE_MODELS = ("mlp", "lenet")
-
 
 # ---------------------------------------------------------------- planning
 
 
 def vectorizable(cfg: RunConfig) -> bool:
-    """Whether a run's model can be trained in a group: mlp without batch norm, or lenet."""
-    if cfg.model.name not in VECTORIZABLE_MODELS:
-        return False
-    return not (cfg.model.name == "mlp" and cfg.model.batch_norm)
+    """Whether a run's model can be trained in a group, as its model's registration says (mlp without batch
+    norm, lenet)."""
+    return model_vectorizable(cfg.model)
 
 
 def group_size(cfg: RunConfig, device: torch.device) -> int:

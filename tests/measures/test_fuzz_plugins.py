@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import flatbench
 from flatbench.api import measure_records
-from flatbench.measures import specs
+from flatbench.measures import registry
 from flatbench.measures.registry import MeasureOutput
 from flatbench.store import json_problem
 
@@ -158,7 +158,7 @@ def _entries(records: dict) -> dict[str, tuple[str, dict | None]]:
 @example(("none", Custom("mine"), 1.0), 0)
 def test_a_plugin_measure_is_a_typed_entry_and_changes_no_other(own_registry, clean, behaviour, position):
     mutation, exc, returned = behaviour
-    specs.REGISTERED.pop(NAME, None)  # the previous example's
+    registry.REGISTERED.pop(NAME, None)  # the previous example's
 
     @flatbench.register_measure(NAME, description="generated (hostile)")
     def _fuzzed(ctx):

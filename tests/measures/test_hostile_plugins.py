@@ -115,9 +115,9 @@ def test_a_plugin_that_changes_caller_or_process_state_is_an_error_and_all_is_pu
 def _check_put_back(actions):
     """Run a plugin doing `actions`, then two measures: it is an error; they equal their values alone; the
     caller's inputs, torch's settings, the global hooks, nn.Linear and SIGALRM's handler are as before."""
-    from flatbench.measures import specs
+    from flatbench.measures import registry
 
-    saved = dict(specs.REGISTERED)
+    saved = dict(registry.REGISTERED)
     try:
         _register("_hostile", lambda ctx: [HOSTILE[a](ctx) for a in actions])
         x, y = _data()
@@ -133,8 +133,8 @@ def _check_put_back(actions):
         assert not isinstance(torch.relu, type(lambda: 0)) and "relu" not in vars(torch.Tensor)
         assert signal.getsignal(signal.SIGALRM) is not signal.SIG_IGN
     finally:
-        specs.REGISTERED.clear()
-        specs.REGISTERED.update(saved)
+        registry.REGISTERED.clear()
+        registry.REGISTERED.update(saved)
 
 
 def test_a_plugin_that_mutates_the_input_no_longer_moves_the_hessian_trace(own_registry):

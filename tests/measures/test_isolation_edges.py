@@ -84,7 +84,7 @@ def _versioned_unit(ctx):
 
 
 def test_stale_is_decided_by_the_plugin_loaded_now_and_keeps_a_run_from_counting_as_measured(tmp_path, own_registry):
-    from flatbench.measures.plugins import _sha256
+    from flatbench.userspec import file_sha256 as _sha256
     from flatbench.measures.registry import load_plugins
     from flatbench.measures.stale import stale_reason
     from flatbench.study.status import _measure_state

@@ -1,8 +1,8 @@
 """Issue 31's "the plugin check in one room", walked by the code's own calls (the `sys.setprofile` technique of
-`scripts/walk_stage.py`): loading a plugin file goes to `measures/plugins.py`, which runs the plugin's
-import (userspec's `exec_file`, the one way flatbench runs a user's file), gets back what the import's
-`register_measure` calls recorded, checks all of it there after the import, and hands the checked specs
-to the store (`measures/specs.py`) once. The registry is not entered, and no check runs during the import."""
+`scripts/walk_stage.py`): loading a plugin file goes to the registry (`measures/registry.py`), which has
+`measures/plugin_import.py` find the file and run its import (userspec's `exec_file`, the one way flatbench
+runs a user's file), gets back what the import's `register_measure` calls recorded, checks all of it after
+the import, and stores the checked specs once. No check runs during the import."""
 
 from __future__ import annotations
 
@@ -67,14 +67,16 @@ def test_a_plugin_is_loaded_and_checked_in_one_room_then_stored_once(tmp_path, o
     calls = _calls(lambda: flatbench.load_plugins([str(plugin)]), plugin)
     rooms = [room for room, _ in calls]
     assert "<plugin>" in rooms and "userspec.py" in rooms  # the import did run, through exec_file
-    assert _stays([r for r in rooms if r not in PASSING_THROUGH | {"<plugin>"}]) == \
-        ["measures/plugins.py", "measures/specs.py"], _stays(rooms)
+    assert set(rooms) - PASSING_THROUGH - {"<plugin>"} == {"measures/registry.py", "measures/plugin_import.py"}, \
+        _stays(rooms)
+    mechanics = {fn for room, fn in calls if room == "measures/plugin_import.py"}
+    assert mechanics - {"<genexpr>"} == {"is_file_spec", "plugin_file", "file_module_name", "run_file"}, mechanics
     checks = [i for i, (room, fn) in enumerate(calls) if fn == "_checked"]
-    assert len(checks) == 2 and all(calls[i][0] == "measures/plugins.py" for i in checks)
+    assert len(checks) == 2 and all(calls[i][0] == "measures/registry.py" for i in checks)
     last_in_plugin = max(i for i, (room, _) in enumerate(calls) if room == "<plugin>")
     assert last_in_plugin < checks[0]  # every check after the import, none during it
-    stores = [i for i, (room, _) in enumerate(calls) if room == "measures/specs.py" and calls[i][1] == "store"]
-    assert len(stores) == 1 and stores[0] > checks[-1]  # the checked specs stored once, after every check
+    stores = [i for i, (room, fn) in enumerate(calls) if fn == "_check_and_store"]
+    assert len(stores) == 1 and stores[0] < checks[0]  # one batch: checked, then stored at once
     spec = flatbench.measures.registry.get_measure("room_a:two")
     assert spec.origin == str(plugin.resolve()) and spec.family == "room_measures" and spec.preset == {"k": 2}
 

@@ -192,7 +192,7 @@ def test_loading_in_process_origin_family_and_an_edited_file(tmp_path, own_regis
     assert flatbench.load_plugins([str(path)]) == ["plugin_a", "plugin_b"]
     a = get_measure("plugin_a")
     assert a.origin == str(path.resolve()) and a.origin_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert (a.family, get_measure("plugin_b").family, get_measure("path_norm").family) == ("curv_plugin", "curvature", "")
+    assert (a.family, get_measure("plugin_b").family, get_measure("path_norm").family) == ("curv_plugin", "curvature", "norm")
     assert flatbench.load_plugins([str(path)]) == []
     path.write_text(path.read_text().replace('"plugin_a": 1.0', '"plugin_a": 3.0'))
     flatbench.load_plugins([str(path)])
@@ -225,3 +225,27 @@ def test_a_plugin_may_return_a_bare_number_and_skip_the_description(tmp_path, ow
     assert get_measure("n_weights").description == "How many parameters the model has."
     assert df.loc[0, "value"] == 23.0 and df.loc[0, "status"] == "ok"
     assert df.loc[1, "status"] == "error" and "return a number, a dict of values or a MeasureOutput" in df.loc[1, "reason"]
+
+
+def test_a_built_in_measure_names_its_family_and_its_papers_at_registration(own_registry):
+    """Issue 43: a measure's family (the report's grouping) and papers (its reference page) are arguments of
+    its registration, kept on its spec; there is no table elsewhere to keep in step."""
+    from flatbench.analysis.families import FAMILY_ORDER
+    from flatbench.errors import FlatbenchError
+    from flatbench.measures.reference_page import measure_page
+    from flatbench.measures.registry import all_measures, register_measure
+
+    builtin = {n: s for n, s in all_measures().items() if s.origin == "builtin"}
+    assert builtin and all(s.family in FAMILY_ORDER for s in builtin.values()), \
+        {n: s.family for n, s in builtin.items()}
+    assert builtin["path_norm"].papers[0].startswith("Neyshabur, Tomioka, Srebro")
+    assert "- Neyshabur, Tomioka, Srebro" in measure_page("path_norm")
+
+    def unnamed(ctx):
+        return 0.0
+
+    unnamed.__module__ = "flatbench.measures.builtin.unnamed"
+    with pytest.raises(FlatbenchError, match="a built-in measure names its family"):
+        register_measure("unnamed_builtin")(unnamed)
+    with pytest.raises(FlatbenchError, match="papers must be a tuple of citations"):
+        register_measure("one_string", papers="Jiang et al. 2020")(lambda ctx: 0.0)

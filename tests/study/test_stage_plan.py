@@ -13,7 +13,7 @@ from flatbench.config import load_study
 from flatbench.study.measure import measure_study
 from flatbench.study.train import train_study
 
-LOOKUPS = {("registry.py", "get_measure"), ("registry.py", "all_measures"), ("plugins.py", "load_plugins"),
+LOOKUPS = {("registry.py", "get_measure"), ("registry.py", "all_measures"), ("registry.py", "load_plugins"),
            ("registry.py", "resolve_names"), ("spec.py", "check_study"), ("runner.py", "plan_measures"),
            ("runner.py", "check_settings")}
 

@@ -26,6 +26,7 @@ from torch.func import functional_call, jvp
 from flatbench.curvature import ModeCheck, forward_ad_missing, math_attention
 from flatbench.curvature.common import require_graph
 from flatbench.curvature.modes import checked_mode, compare_products, missing_forward_ad
+from flatbench.measures.builtin import JIANG
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 
 
@@ -72,7 +73,9 @@ def _reverse_directional(model: torch.nn.Module, x: torch.Tensor, params: dict[s
 
 
 @register_measure(
-    "fisher_rao_norm",
+    "fisher_rao_norm", family="norm",
+    papers=("Liang, Poggio, Rakhlin, Stokes. Fisher-Rao metric, geometry, and complexity of "
+            "neural networks. AISTATS 2019", JIANG),
     description="Liang et al. 2017: E_n[⟨θ, ∇_θ ℓ(f_n, y_n)⟩²] over all parameters (one JVP along θ "
                 "per chunk)",
     invariant_to=("layer", "node", "bn"), cost="gradient", fixed_loss="ce")

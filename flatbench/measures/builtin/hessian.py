@@ -15,8 +15,10 @@ from flatbench.curvature import (DEFAULT_HUTCHINSON_PROBES, DENSE_MAX_PARAMS, DE
                                  DiagonalResult, per_layer_traces)
 from flatbench.errors import FlatbenchError
 from flatbench.measures import shared
+from flatbench.measures.builtin import JIANG
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 from flatbench.measures.registry import setting_range
+
 
 TRACE_DEFAULTS: dict[str, Any] = {"method": "auto", "probes": DEFAULT_HUTCHINSON_PROBES,
                                  "exact_max_params": DENSE_MAX_PARAMS,
@@ -80,7 +82,8 @@ def _finite(x: float | None) -> float | None:
 
 
 @register_measure(
-    "hessian_trace",
+    "hessian_trace", family="curvature",
+    papers=("Meyer, Musco, Musco, Woodruff. Hutch++: optimal stochastic trace estimation. SOSA 2021",),
     description="Tr H of the loss on the measurement set: exact from the Hessian diagonal for "
                 "piecewise-linear networks, smooth Sequential chains and small models, else Hutch++ to a "
                 "requested relative standard error; also per parameter tensor",
@@ -157,7 +160,7 @@ def _hutchpp_output(ctx: MeasureContext, reason: str) -> MeasureOutput:
 
 
 @register_measure(
-    "hessian_max_eig",
+    "hessian_max_eig", family="curvature", papers=("Keskar et al. ICLR 2017 (sharpness as λ_max)", JIANG),
     description="λ_max(H) of the loss on the measurement set by Lanczos with full reorthogonalization",
     invariant_to=(), cost="hessian", uses_loss=True, defaults=MAX_EIG_DEFAULTS, exact=False, precision="float32",
     settings_help=MAX_EIG_HELP, check=lambda s: setting_range("hessian_max_eig", s, MAX_EIG_RULES))
@@ -243,7 +246,9 @@ DENSITY_HELP = {
 
 
 @register_measure(
-    "hessian_density",
+    "hessian_density", family="curvature",
+    papers=("Ghorbani, Krishnan, Xiao. An investigation into neural net optimization via Hessian "
+            "eigenvalue density. ICML 2019",),
     description="Spectral density of H by stochastic Lanczos quadrature (Ghorbani et al. 2019): the mean "
                 "eigenvalue (headline), moments, extreme eigenvalues and negative mass as values, the "
                 "Gaussian-broadened density on a grid in info; asked for by name (not in `all`)",

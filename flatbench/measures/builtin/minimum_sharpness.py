@@ -70,6 +70,7 @@ from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicab
 from flatbench.measures.registry import setting_range
 from flatbench.rescale import structure
 
+
 SOLVERS = ("exact", "published")
 
 MS_DEFAULTS = {"rtol": 1e-14, "max_iter": 200, "solver": "exact", "published_steps": 10000,
@@ -257,7 +258,9 @@ def layer_traces(ctx: MeasureContext) -> tuple[list[str], list[float], list[floa
 
 
 @register_measure(
-    "minimum_sharpness",
+    "minimum_sharpness", family="rescaled curvature",
+    papers=("Ibayashi, Hamaguchi, Imaizumi. Minimum sharpness: scale-invariant "
+            "parameter-robustness of neural networks. 2021",),
     description="Ibayashi et al. 2021: min over layer-wise rescalings α of Tr H (Newton in log α on the "
                 "per-layer traces of the exact diagonal)",
     invariant_to=("layer",), cost="hessian", uses_loss=True, defaults=MS_DEFAULTS,

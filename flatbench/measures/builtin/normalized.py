@@ -110,8 +110,10 @@ from torch import Tensor
 
 from flatbench.errors import FlatbenchError
 from flatbench.measures import shared
+from flatbench.measures.builtin import TSUZUKU
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 from flatbench.measures.registry import setting_range
+
 
 DEAD_EPS = 1e-30
 """A row / column of H or W² whose sum is ≤ DEAD_EPS × the layer's total is dead (see the module doc)."""
@@ -432,7 +434,7 @@ def layer_problems(ctx: MeasureContext, loss_name: str | None = None
 
 
 @register_measure(
-    "matrix_normalized_sharpness",
+    "matrix_normalized_sharpness", family="rescaled curvature", papers=(TSUZUKU,),
     description="Tsuzuku et al. §4: Σ_l 2‖W_l‖_F sqrt(Tr H_{W_l}), one variance per weight matrix "
                 "(closed form)",
     invariant_to=("layer", "bn"), cost="hessian", uses_loss=True)
@@ -508,7 +510,7 @@ PUBLISHED = {"published": {"solver": "published"}}
 
 
 @register_measure(
-    "normalized_sharpness",
+    "normalized_sharpness", family="rescaled curvature", papers=(TSUZUKU,),
     description="Tsuzuku et al. §5: Σ_l min_{σ,σ'} Σ_ij H_ij σ_iσ'_j + W_ij²/(σ_iσ'_j), cross-entropy",
     invariant_to=("layer", "node", "bn"), cost="hessian", defaults=NS_DEFAULTS, variants=PUBLISHED, fixed_loss="ce",
     settings_help=NS_HELP, check=lambda s: setting_range("normalized_sharpness", s, NS_RULES))
@@ -523,7 +525,7 @@ def normalized_sharpness(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure(
-    "normalized_sharpness_nce",
+    "normalized_sharpness_nce", family="rescaled curvature", papers=(TSUZUKU,),
     description="Tsuzuku et al. §5.4: normalized sharpness with the normalized-softmax cross-entropy "
                 "(flatbench's normalized_ce, τ = measure.normalized_ce_tau)",
     invariant_to=("layer", "node", "bn", "logit_scale"), cost="hessian",

@@ -23,6 +23,7 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flatbench.measures import shared
+from flatbench.measures.builtin import JIANG
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 from flatbench.measures.registry import setting_range
 
@@ -36,7 +37,8 @@ def _left_out(ctx: MeasureContext) -> dict:
 
 
 @register_measure("frobenius_norm", description="Σ_l ‖W_l‖_F² over the weight matrices (Linear, Conv, Embedding, "
-                  "attention projections); what it leaves out in info.left_out", cost="cheap")
+                  "attention projections); what it leaves out in info.left_out", cost="cheap",
+                  family="norm", papers=(JIANG,))
 def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
     """Σ_l ‖W_l‖_F² over every weight matrix (`flatbench.measures.layers.weight_matrices`): the weights of the
     Linear, Conv1d/2d/3d, ConvTranspose and Embedding layers the forward pass calls, and of an
@@ -51,7 +53,7 @@ def frobenius_norm(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure("frobenius_norm_product", description="log Π_l ‖W_l‖_F² (the product form, as a log) over the "
-                  "weight matrices of frobenius_norm", cost="cheap")
+                  "weight matrices of frobenius_norm", cost="cheap", family="norm", papers=(JIANG,))
 def frobenius_norm_product(ctx: MeasureContext) -> MeasureOutput:
     """Σ_l log ‖W_l‖_F² over the weight matrices of `frobenius_norm` (an attention's query, key and value
     projections are three factors, as three separate maps of their inputs; what is left out is named in
@@ -91,7 +93,9 @@ def _operator_norm(matrix, iters: int, tol: float, gen: torch.Generator) -> tupl
 
 
 @register_measure("spectral_norm", description="log Π_l ‖W_l‖_2² over the weight matrices of frobenius_norm (conv "
-                  "layers: power iteration on the convolution operator)", cost="cheap",
+                  "layers: power iteration on the convolution operator)", cost="cheap", family="norm",
+                  papers=("Bartlett, Foster, Telgarsky. Spectrally-normalized margin bounds for neural networks. "
+                          "NeurIPS 2017", JIANG),
                   defaults={"iters": 500, "tol": 1e-7},
                   settings_help={"iters": "power-iteration steps at most per conv layer (other matrices: exact "
                                           "SVD); integer ≥ 1",
@@ -177,7 +181,9 @@ _CONSTANT_OPS = frozenset({"mul", "mul_", "div", "div_", "add", "add_"})
 
 
 @register_measure("path_norm", description="Σ_paths Π_e w_e²: the squared-weights network on an all-ones "
-                  "input (biases squared too)", cost="cheap", invariant_to=("layer", "node", "bn"))
+                  "input (biases squared too)", cost="cheap", invariant_to=("layer", "node", "bn"), family="norm",
+                  papers=("Neyshabur, Tomioka, Srebro. Norm-based capacity control in neural networks. COLT 2015",
+                          JIANG))
 def path_norm(ctx: MeasureContext) -> MeasureOutput:
     """Invariant to layer- and node-wise rescaling of ReLU nets: every path crosses a rescaled unit
     once on its way in (× c²) and once on its way out (÷ c²); a path starting at a bias starts with

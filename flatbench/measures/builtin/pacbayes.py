@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
+from flatbench.measures.builtin import JIANG
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 from flatbench.measures.registry import setting_range
 
@@ -250,7 +251,9 @@ _RULES = {"target_drop": ("gt", 0), "tolerance": ("gt", 0), "samples": ("min", 1
 
 
 @register_measure(
-    "pacbayes_flatness",
+    "pacbayes_flatness", family="PAC-Bayes",
+    papers=(JIANG, "Dziugaite, Drouin, Neal, Rajkumar, Caballero, Wang, Mitliagkas, Roy. In search of "
+            "robust measures of generalization. NeurIPS 2020"),
     description="Jiang et al. 2020 eq. 53: 1/σ'², σ' the largest σ with E_u~N(0,σ²I) acc drop ≤ 0.1 "
                 "(bisection)",
     invariant_to=(), cost="search", defaults=dict(_DEFAULTS), stochastic=True, precision="float32",
@@ -263,7 +266,7 @@ def pacbayes_flatness(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure(
-    "pacbayes_mag_flatness",
+    "pacbayes_mag_flatness", family="PAC-Bayes", papers=(JIANG,),
     description="Jiang et al. 2020 eq. 61: 1/σ'² with magnitude-aware noise u_i ~ N(0, σ'²θ_i² + ε²) "
                 "(bisection)",
     invariant_to=(), cost="search", defaults={**_DEFAULTS, "eps": 1e-3}, stochastic=True, precision="float32",

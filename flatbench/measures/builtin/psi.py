@@ -57,6 +57,10 @@ from flatbench.measures import shared
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 from flatbench.measures.registry import setting_range
 
+YI = "Yi, Meng, Chen, Ma, Liu. Positively scale-invariant flatness of ReLU neural networks. 2019"
+"""The paper behind this module's measures."""
+
+
 # ---------------------------------------------------------------- structure
 
 
@@ -340,7 +344,7 @@ def _chain_block(block: Tensor, acts: list[Tensor], pres: list[Tensor], us: list
 
 
 @register_measure(
-    "psi_flatness",
+    "psi_flatness", family="rescaled curvature", papers=(YI,),
     description="Yi et al. 2019: Tr of the Hessian with respect to the basis-path values "
                 "(bias-free ReLU MLPs)",
     invariant_to=("layer", "node"), cost="hessian", uses_loss=True, defaults={"chain_batch": 16},
@@ -366,7 +370,7 @@ def psi_flatness(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure(
-    "psi_path_ratio",
+    "psi_path_ratio", family="rescaled curvature", papers=(YI,),
     description="Yi et al. 2019: max|v| / min|v| over the basis-path values (bias-free ReLU MLPs)",
     invariant_to=("layer", "node", "logit_scale"), cost="cheap")
 def psi_path_ratio(ctx: MeasureContext) -> MeasureOutput:

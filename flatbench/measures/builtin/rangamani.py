@@ -105,7 +105,9 @@ def scaled_top_eigenvalue(ctx: MeasureContext, tol: float, max_iter: int) -> tup
 
 
 @register_measure(
-    "scale_invariant_rangamani",
+    "scale_invariant_rangamani", family="rescaled curvature",
+    papers=("Rangamani, Nguyen, Kumar, Tran, Tran. A scale invariant flatness "
+            "measure for deep network minima. 2019",),
     description="Rangamani et al. 2019: λ_max(D^½ H D^½)/(2+2L_S), D = blockdiag(‖W_l‖_F² I) over the "
                 "weight matrices (Lanczos on HVPs)",
     invariant_to=("layer", "bn"), cost="hessian", defaults={"tol": 1e-4, "max_iter": 200}, uses_loss=True,

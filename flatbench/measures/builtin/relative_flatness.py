@@ -51,6 +51,9 @@ from torch import Tensor, nn
 
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, NotApplicable, register_measure
 
+PETZKA = "Petzka, Kamp, Adilova, Sminchisescu, Boley. Relative flatness and generalization. NeurIPS 2021"
+"""The paper behind this module's measures."""
+
 
 def last_linear(model: nn.Module) -> tuple[str, nn.Linear]:
     """The last nn.Linear in `model.modules()` order (the feature → logit layer), not counting an
@@ -115,7 +118,7 @@ def _kappa(ctx: MeasureContext, normalize: bool) -> tuple[float, dict[str, Any]]
 
 
 @register_measure(
-    "relative_flatness",
+    "relative_flatness", family="rescaled curvature", papers=(PETZKA,),
     description="Petzka et al. 2021: Σ_{s,s'} ⟨w_s, w_s'⟩ Tr H_{s,s'} for the feature→logit layer "
                 "(rows w_s, exact)",
     invariant_to=("layer", "bn"), cost="cheap", uses_loss=True)
@@ -126,7 +129,7 @@ def relative_flatness(ctx: MeasureContext) -> MeasureOutput:
 
 
 @register_measure(
-    "relative_flatness_normalized",
+    "relative_flatness_normalized", family="rescaled curvature", papers=(PETZKA,),
     description="relative flatness after normalizing each feature unit to unit RMS (as Petzka et al.'s "
                 "experiments do), node-invariant",
     invariant_to=("layer", "node", "bn"), cost="cheap", uses_loss=True)

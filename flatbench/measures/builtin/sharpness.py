@@ -36,8 +36,10 @@ from torch.func import functional_call
 
 from flatbench.curvature.common import require_graph
 from flatbench.measures import shared
+from flatbench.measures.builtin import ADAPTIVE, JIANG
 from flatbench.measures.plugin import MeasureContext, MeasureOutput, register_measure
 from flatbench.measures.registry import setting_range
+
 
 APGD_MOMENTUM = 0.75
 """Weight of the new step in APGD's momentum update (Croce & Hein 2020)."""
@@ -222,7 +224,9 @@ def _help(keys: tuple[str, ...]) -> dict[str, str]:
 
 
 @register_measure(
-    "eps_sharpness",
+    "eps_sharpness", family="sharpness",
+    papers=("Keskar, Mudigere, Nocedal, Smelyanskiy, Tang. On large-batch training for deep "
+            "learning: generalization gap and sharp minima. ICLR 2017", JIANG),
     description="Keskar et al. 2017: 100·(max_{|z_i| ≤ ε(|θ_i|+1)} L(θ+z) − L(θ))/(1+L(θ)), APGD on the box",
     invariant_to=(), cost="search", defaults={"eps": 1e-3, "iters": 20}, uses_loss=True, exact=False,
     precision="float32", settings_help=_help(("eps", "iters")),
@@ -384,7 +388,8 @@ def _register_adaptive_worst_case(norm: str, symbol: str, rho: float) -> None:
                        "perturbed, BatchNorm buffers are fixed; parameters equal to zero are never perturbed "
                        "(c = |θ|).")
     register_measure(
-        name, description=f"worst-case adaptive sharpness max_{{‖δ/|θ|‖{symbol[1:]} ≤ ρ}} L_B(θ+δ) − L_B(θ), "
+        name, family="sharpness", papers=(ADAPTIVE,),
+        description=f"worst-case adaptive sharpness max_{{‖δ/|θ|‖{symbol[1:]} ≤ ρ}} L_B(θ+δ) − L_B(θ), "
                           "APGD per batch, averaged",
         invariant_to=("layer", "node", "bn"), cost="search",
         defaults={"rho": rho, "iters": 20, "batch_size": 128}, uses_loss=True, exact=False,
@@ -397,7 +402,7 @@ _register_adaptive_worst_case("linf", "ℓ∞", 0.002)
 
 
 @register_measure(
-    "adaptive_sharpness_avg",
+    "adaptive_sharpness_avg", family="sharpness", papers=(ADAPTIVE,),
     description="average-case adaptive sharpness E_{δ~N(0, ρ² diag θ²)} L_B(θ+δ) − L_B(θ), Monte-Carlo "
                 "per batch",
     invariant_to=("layer", "node", "bn"), cost="gradient",
