@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from flatbench.api import as_tensors, measure_records
-from flatbench.curvature import HessianOperator, check_mode, math_attention
+from flatbench.curvature import HessianOperator, math_attention
 from flatbench.curvature.hvp import product_in_mode, hvp
 from flatbench.curvature.modes import CHECKED_MODES, HVP_MODES, REFERENCE_MODE, hvp_log, use_hvp_mode
 from flatbench.curvature.operator import DENSE_MAX_PARAMS

@@ -27,7 +27,6 @@ the whole study at α; the reference rows (`references`) are not part of the fam
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
