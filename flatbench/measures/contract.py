@@ -32,9 +32,8 @@ from flatbench import rescale
 from flatbench.config import DataConfig
 from flatbench.data import load_dataset
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.isolation import guarded_call, known_code, measurement_data, time_limit
-from flatbench.measures.process_state import OutsideChange
-from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, as_output, get_measure
+from flatbench.measures.evaluate import evaluate
+from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, get_measure
 from flatbench.models import MLP, LeNet5, WideResNet
 
 DTYPE = torch.float64
@@ -232,23 +231,12 @@ Result = MeasureOutput | NotApplicable | BaseException
 def run_measure(spec: MeasureSpec, ctx: MeasureContext, settings: dict[str, Any] | None = None,
                 timeout_s: float | None = None) -> Result:
     """The measure on a context with its defaults updated by `settings`: its output, NotApplicable, or the
-    exception it raised. It runs as the measure stage runs it: under `isolation.guarded_call` (a change of
-    the model, the measurement set or the process is put back and returned as an `OutsideChange`, and the
-    context's cache dropped) and `isolation.time_limit(timeout_s)` (a `MeasureTimeout`)."""
+    exception it raised. It runs as the measure stage runs it (`evaluate.evaluate`: guarded, a change of the
+    model, the measurement set or the process put back and returned as an `OutsideChange`; limited to
+    `timeout_s`, a `MeasureTimeout`), and the contract judges the measure's own answer (a NaN, say)."""
     merged = {**spec.settings(), **{k: v for k, v in (settings or {}).items() if k in spec.defaults}}
-    sub = ctx.for_measure(spec.name, merged, loss_name="ce")
-
-    def call() -> MeasureOutput:
-        with time_limit(timeout_s, spec.name):
-            return as_output(spec.fn(sub), spec.base_name)
-
-    known = spec.origin == "builtin" and known_code(ctx.model)
-    out, exc, change = guarded_call(ctx.model, call, bitwise=not known, data=measurement_data(ctx))
-    if change or isinstance(exc, OutsideChange):
-        ctx.cache.clear()
-        return OutsideChange("; ".join(([f"changed the model ({change})"] if change else [])
-                                       + ([str(exc)] if isinstance(exc, OutsideChange) else [])))
-    return exc if exc is not None else out
+    record = evaluate(spec=spec, ctx=ctx, settings=merged, timeout_s=timeout_s)
+    return record.output if record.output is not None else record.exception
 
 
 def headline(out: Result, spec: MeasureSpec) -> float:
