@@ -50,10 +50,10 @@ class Record:
     reason: str | None = None
     error: str | None = None
     where: str | None = None
-    """Where the measure raised its error (file:line), for an exception of its own code."""
+    """file:line where the measure raised its error (an exception of its own code)."""
     seconds: float = 0.0
     output: MeasureOutput | None = field(default=None, repr=False)
-    """The measure's output as it returned it (also when it is not finite or did not converge)."""
+    """The output as returned (also when not finite or not converged): what the contract judges."""
     exception: BaseException | None = field(default=None, repr=False)
     """What it raised (NotApplicable included), or the `OutsideChange` of what it changed."""
 
@@ -76,14 +76,12 @@ class Record:
 
 def evaluate(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, Any], loss: str | None = None,
              timeout_s: float | None = None) -> Record:
-    """Run one measure for one loss (None: the context's, ce) and judge its outcome: `ok` with finite values,
-    or `not_applicable`, `non_finite` (NaN or inf, with the key), `not_converged` (an iterative estimate
-    stopped at its cap: the residual in the reason, the estimate in `info["values"]`) or `error` with the
-    reason: an exception of any kind (SystemExit of a plugin included), a result that is not numbers, info
-    that JSON cannot hold, the time limit passed, or a change of the model, the data or the process (put
-    back; the context's cache is dropped, as anything in it may be of the changed state). Hessian-vector
-    products made are described in `info["hvp"]` (`curvature.HvpLog`). Never raises but KeyboardInterrupt:
-    a FlatbenchError is the record's `exception`, for the caller to raise."""
+    """Run one measure for one loss (None: ce) and judge its outcome: `ok` with finite values, or
+    `not_applicable`, `non_finite` (NaN or inf, with the key), `not_converged` (an iterative estimate stopped
+    at its cap: the residual in the reason, the estimate in `info["values"]`) or `error` with the reason: any
+    exception (a plugin's SystemExit included), a result that is not numbers, info that JSON cannot hold,
+    the time limit, or a change of the model, the data or the process (put back). HVPs made are described
+    in `info["hvp"]`. Raises only KeyboardInterrupt: a FlatbenchError is the record's `exception`."""
     sub = ctx.for_measure(spec.name, settings, loss_name=loss or "ce")
     record = Record(spec, loss, {**settings, **({"loss": loss} if loss else {})}, "error")
     start = time.perf_counter()
