@@ -1,12 +1,10 @@
 """One evaluation of one measure: the only place the package calls a measure's function.
 
-The measure stage (`runner.compute_entry`), `flatbench.measure_model`, the audits and the invariance
-contract (`contract.run_measure`) all evaluate a measure here, so a value means the same wherever it was
-computed: the measure runs under `isolation.guarded_call` (a change of the model, the measurement set or
-the process is put back and makes the evaluation an error), under `isolation.time_limit`, with its
-Hessian-vector products logged (`curvature.hvp_log`). The outcome is a `Record`: the stage stores its
-`entry()` in measures.json; the contract reads its raw `output` or `exception`, since it judges the
-measure's own answer (a NaN, say) rather than the entry made of it.
+The measure stage (`runner.compute_entry`), `flatbench.measure_model`, the audits and the invariance contract
+(`contract.run_measure`) all evaluate here, so a value means the same wherever it was computed: guarded
+(`isolation.guarded_call`: a change of the model, the measurement set or the process is put back and is an
+error), time-limited, its Hessian-vector products logged. The stage stores the `Record`'s `entry()`; the
+contract judges its raw `output` or `exception` (a NaN, say), not the entry made of it.
 """
 
 from __future__ import annotations

@@ -51,8 +51,6 @@ AUDIT_PNG = "audit.png"
 FUNCTION_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
 """Largest relative change of the logits accepted as 'the same function' (per measurement dtype)."""
 
-
-
 # ---------------------------------------------------------------- shared pieces
 
 
@@ -71,8 +69,6 @@ def study_run_dirs(exp_dir: Path) -> list[Path]:
 def measure_config(exp_dir: Path, plugins: tuple[str, ...] = ()) -> Any:
     """The experiment's measure config (defaults when it has no saved study), with `plugins` added to its
     `measure.plugins` (and all of them loaded)."""
-
-
     study = saved_study(exp_dir)
     cfg = MeasureConfig() if study is None else study.measure
     if plugins:

@@ -6,8 +6,9 @@ reparametrization? (The run audit and the pieces both audits share are in `flatb
 experiment gets `--draws` random function-preserving transformations of one family for each factor range
 [1/F, F] (default: 3 draws for each of the mild range F = 2 and the harsh range F = 100), each seeded by
 run, family, range and draw (`population_generator`); the measures are recomputed on every transformed
-copy, and each measure's Kendall τ-b with the generalization gap (the study's `report.gap`) on the
-population of copy d of range F is set against the untransformed τ:
+copy, and each measure's Kendall τ-b with the generalization gap (the study's `report.gap`; the report's
+τ and permutation test, `analysis.stats.kendall_tests`) on the population of copy d of range F is set
+against the untransformed τ:
 Δτ = τ_transformed − τ_original, one value per draw, reported as a distribution (mean, min, max,
 largest |Δτ| and every draw's τ). The gap does not change, so a measure worth using keeps its
 correlation. Untransformed values come from the run's measures.json where present (they were computed with
@@ -27,15 +28,11 @@ an interrupted (or killed) audit goes on where it stopped (`fresh=True` / `--fre
 
 Written to the experiment folder (or `--out`):
 
-- `audit_population.csv`: one row per (run, measure, range, draw): `run_id, measure, family, max_factor,
-  draw, original, transformed, rel_change, gap, status, note, original_source, function_change, seconds,
-  signature`;
-- `audit_correlations.csv`: one row per (measure, range): `measure, family, max_factor, n_draws,
-  n_draws_ok, n, tau_original, p_original, tau_mean, delta_mean, delta_min, delta_max, delta_absmax,
-  p_transformed_max, tau_draw_0 .. tau_draw_{k-1}, median_rel_change, declared_invariant, status, note`;
-  `status` is `ok`, `partial` (some draws have no τ), `no_transformed` (no draw has one: the measure
-  failed or was constant on the copies) or `no_original` (no untransformed τ); a missing τ or Δτ is left
-  empty (NaN), never 0;
+- `audit_population.csv`: one row per (run, measure, range, draw) (`POPULATION_COLUMNS`);
+- `audit_correlations.csv`: one row per (measure, range) (`CORRELATION_COLUMNS`, then each draw's τ,
+  `median_rel_change, declared_invariant, status, note`); `status` is `ok`, `partial` (some draws have no
+  τ), `no_transformed` (no draw has one: the measure failed or was constant on the copies) or
+  `no_original` (no untransformed τ); a missing τ or Δτ is left empty (NaN), never 0;
 - `audit_draws.csv`: one row per (measure, range, draw) with its τ, Δτ and permutation p;
 - `audit_correlations.png` (`analysis.audit_plots`): per measure, τ_original and every draw's τ for each
   range.
@@ -413,12 +410,15 @@ def _write_outputs(out: Path, per_run: pd.DataFrame, entries: list[Entry], fam: 
     return corr
 
 
-def _stored_applies(record: dict[str, Any], entry: Entry, info: dict[str, Any]) -> bool:
-    """Whether a measures.json entry is the untransformed value of `entry` as the audit computes it: the same
-    settings (e.g. a Monte-Carlo `rtol` set in the study after it was measured is not), measurement context
-    and model file (`measures.runner.up_to_date`, the measure stage's own test); else it is computed again."""
-    spec = get_measure(entry.name)
-    return up_to_date(record, spec, entry.settings, entry.context, info.get("model_sha256"))
+def _stored_original(stored: dict[str, Any], entry: Entry, info: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's measures.json entry of `entry` where it is the untransformed value the audit would compute:
+    an ok value of the same settings (e.g. not before a Monte-Carlo `rtol` was set in the study),
+    measurement context and model file (`measures.runner.up_to_date`, the measure stage's own rule)."""
+    record = stored.get(entry.key)
+    if isinstance(record, dict) and record.get("status") == "ok" and entry.key in record.get("values", {}) \
+            and up_to_date(record, get_measure(entry.name), entry.settings, entry.context, info.get("model_sha256")):
+        return record
+    return None
 
 
 def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors: tuple[float, ...], draws: int,
@@ -438,12 +438,8 @@ def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors
     gap_value = float(info.get(gap_col, float("nan")))
     originals: dict[str, tuple[dict[str, Any], str]] = {}
     for entry in entries:
-        original = stored.get(entry.key)
-        if isinstance(original, dict) and original.get("status") == "ok" \
-                and entry.key in original.get("values", {}) and _stored_applies(original, entry, info):
-            originals[entry.key] = (original, "measures.json")
-        else:
-            originals[entry.key] = (measure_entry(ctx, entry), "computed")
+        original = _stored_original(stored, entry, info)
+        originals[entry.key] = (original, "measures.json") if original else (measure_entry(ctx, entry), "computed")
     rows = []
     for factor in factors:
         for draw in range(draws):
