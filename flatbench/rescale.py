@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from flatbench.errors import FlatbenchError
 from flatbench.models import WideResNet
 
 FAMILIES = ("layer", "node", "bn", "logit_scale")
@@ -342,3 +343,18 @@ def function_change(original: nn.Module, transformed: nn.Module, inputs: Tensor,
         worst = max(worst, float((a - b).abs().max()))
         scale = max(scale, float(a.abs().max()))
     return worst / max(scale, 1e-300)
+
+
+def checked_transform(model: nn.Module, family: str, generator: torch.Generator, low: float, high: float,
+                      inputs: Tensor, tol: float, where: str, chunk_size: int = 2000, advice: str = ""
+                      ) -> tuple[nn.Module, float]:
+    """A transformed copy (`transform`) and its `function_change` on `inputs`: the one check that the
+    invariance contract and both audits make before they compare a measure across a rescaling, so that no
+    value is ever compared with one of another function. Past `tol` (relative), a FlatbenchError."""
+    out = transform(model, family, generator, low, high)
+    change = function_change(model, out, inputs, family, chunk_size)
+    if not change <= tol:
+        raise FlatbenchError(f"{where}: the {family} transformation changed the logits by {change:.2e} (relative, "
+                              f"tolerance {tol:g}); refusing to compare measures of different functions"
+                              + (f" ({advice})" if advice else ""))
+    return out, change

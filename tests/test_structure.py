@@ -137,6 +137,25 @@ def test_one_home_for_each_rule():
     assert where("def did_you_mean(") == ["flatbench/errors.py"]
 
 
+FN_CALLS_ALLOWED = {("flatbench/losses.py", "self"), ("flatbench/measures/arguments.py", "loss_fn")}
+"""`.fn(...)` calls that are not a measure's: a loss object calling its own function."""
+
+
+def test_one_place_calls_a_measure():
+    """A measure's function (`MeasureSpec.fn`) is called in `measures/evaluate.py` only (issue 43: one
+    evaluation core): a second call would compute values without the guard, the time limit or the HVP log,
+    and the stage, the audits and the contract could disagree on what a value is."""
+    calls = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fn" \
+                    and (where, ast.unparse(node.func.value)) not in FN_CALLS_ALLOWED:
+                calls.append(f"{where}:{node.lineno} {ast.unparse(node.func)}(...)")
+    assert [c for c in calls if not c.startswith("flatbench/measures/evaluate.py:")] == [], calls
+    assert len(calls) == 1, calls
+
+
 def test_no_module_imports_a_private_name_of_another():
     """A name with a leading underscore is its module's own: other modules use the public interface."""
     offenders = []

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flatbench.analysis.audit_tables import DELTA_TOL, OLD_FORMAT, normalize_correlations
+from flatbench.analysis.audit_tables import DELTA_TOL, OLD_FORMAT, normalize_correlations, verdict_of
 from flatbench.analysis.table import to_float
 
 AUDIT_CSV = "audit_correlations.csv"
@@ -80,17 +80,6 @@ def delta_text(row: dict) -> str:
     if int(to_float(row.get("n_draws")) or 1) > 1 and math.isfinite(lo) and math.isfinite(hi):
         return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     return f"{mean:+.3f}"
-
-
-def verdict_of(row: dict) -> str:
-    """holds | breaks | moves | unchanged | n/a: the declared invariance against the measured Δτ."""
-    d = to_float(row.get("delta_absmax"))
-    declared = str(row.get("declared_invariant")) in ("True", "true", "1")
-    if not math.isfinite(d):
-        return "n/a"
-    if declared:
-        return "holds" if d <= DELTA_TOL else "breaks"
-    return "unchanged" if d <= DELTA_TOL else "moves"
 
 
 @dataclass

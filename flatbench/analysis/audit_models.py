@@ -18,14 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flatbench.analysis.stats import MIN_RUNS, kendall_batch
+from flatbench.analysis.stats import kendall_tests
 
 POPULATION_CSV = "audit_population.csv"
-
-
-def _tau(values: np.ndarray, gap: np.ndarray) -> float:
-    ok = np.isfinite(values) & np.isfinite(gap)
-    return float(kendall_batch(values[ok], gap[ok])[0]) if ok.sum() >= MIN_RUNS else math.nan
 
 
 def per_model_deltas(folder: Path, models: Mapping[str, str], larger_is_sharper: Mapping[str, bool]) -> pd.DataFrame:
@@ -50,7 +45,8 @@ def per_model_deltas(folder: Path, models: Mapping[str, str], larger_is_sharper:
             gap = pd.to_numeric(draw["gap"], errors="coerce").to_numpy(dtype=float)
             before = sign * pd.to_numeric(draw["original"], errors="coerce").to_numpy(dtype=float)
             after = sign * pd.to_numeric(draw["transformed"], errors="coerce").to_numpy(dtype=float)
-            deltas.append(_tau(after, gap) - _tau(before, gap))
+            (tau1, _, _), (tau0, _, _) = kendall_tests([(after, gap), (before, gap)], pvalues=False)
+            deltas.append(tau1 - tau0)
         finite = [d for d in deltas if math.isfinite(d)]
         rows.append({"measure": str(measure), "family": str(family), "max_factor": float(factor), "model": str(model),
                      "n": int(part["run_id"].nunique()),

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from flatbench.analysis.table import to_float
+
 INVARIANCE_RTOL = 1e-4
 """A declared-invariant measure whose median relative change exceeds this is flagged."""
 
@@ -125,13 +127,20 @@ def range_label(max_factor: float) -> str:
 
 def invariance_breaks(corr: pd.DataFrame) -> list[tuple[str, float, float]]:
     """(measure, max_factor, largest |Δτ|) of each declared-invariant measure whose τ moved in a draw."""
-    frame = normalize_correlations(corr)
-    out = []
-    for r in frame.to_dict(orient="records"):
-        d = float(r["delta_absmax"])
-        if bool(r["declared_invariant"]) and math.isfinite(d) and d > DELTA_TOL:
-            out.append((str(r["measure"]), float(r["max_factor"]), d))
-    return out
+    return [(str(r["measure"]), float(r["max_factor"]), float(r["delta_absmax"]))
+            for r in normalize_correlations(corr).to_dict(orient="records") if verdict_of(r) == "breaks"]
+
+
+def verdict_of(row: dict) -> str:
+    """holds | breaks | moves | unchanged | n/a: the declared invariance against the measured Δτ
+    (the population audit's one rule, |Δτ| ≤ `DELTA_TOL`; the report and the printed table both use it)."""
+    d = to_float(row.get("delta_absmax"))
+    declared = str(row.get("declared_invariant")) in ("True", "true", "1")
+    if not math.isfinite(d):
+        return "n/a"
+    if declared:
+        return "holds" if d <= DELTA_TOL else "breaks"
+    return "unchanged" if d <= DELTA_TOL else "moves"
 
 
 def _fmt(v: float) -> str:

@@ -32,9 +32,8 @@ from flatbench import rescale
 from flatbench.config import DataConfig, ModelConfig
 from flatbench.data import load_dataset
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.isolation import guarded_call, known_code, measurement_data, time_limit
-from flatbench.measures.process_state import OutsideChange
-from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, as_output, get_measure
+from flatbench.measures.evaluate import evaluate
+from flatbench.measures.registry import MeasureOutput, MeasureSpec, NotApplicable, get_measure
 from flatbench.models import MLP, LeNet5, WideResNet, model_families
 
 DTYPE = torch.float64
@@ -174,29 +173,21 @@ def tolerance(spec: MeasureSpec | str) -> tuple[float, str]:
 @cache
 def transformed(name: str, family: str | None, factors: str = "invariance") -> nn.Module:
     """The case's model after one seeded `family` transformation (the case's own model for None); the
-    function is checked to be unchanged."""
+    function is checked to be unchanged (`rescale.checked_transform`)."""
     model = case(name).model
     if family is None:
         return model
     seed = 1000 + CASES.index(name) * 10 + rescale.FAMILIES.index(family) + 100 * list(FACTORS).index(factors)
-    low, high = FACTORS[factors]
-    out = rescale.transform(model, family, torch.Generator().manual_seed(seed), low, high)
-    change = rescale.function_change(model, out, case(name).inputs, family)
-    if not change < FUNCTION_RTOL:
-        raise AssertionError(f"{family} changed the function of {name} by {change:.2e}")
-    return out
+    return rescale.checked_transform(model, family, torch.Generator().manual_seed(seed), *FACTORS[factors],
+                                     case(name).inputs, FUNCTION_RTOL, name)[0]
 
 
 def transformed_case(c: Case, family: str, seed: int = 0) -> nn.Module:
     """A case of one's own (`own_case`) after one seeded `family` transformation with invariance factors; the
     function is checked to be unchanged."""
-    low, high = FACTORS["invariance"]
-    out = rescale.transform(c.model, family, torch.Generator().manual_seed(7000 + seed
-                                                                        + rescale.FAMILIES.index(family)), low, high)
-    change = rescale.function_change(c.model, out, c.inputs, family)
-    if not change < FUNCTION_RTOL:
-        raise AssertionError(f"{family} changed the function of {c.name} by {change:.2e}")
-    return out
+    generator = torch.Generator().manual_seed(7000 + seed + rescale.FAMILIES.index(family))
+    return rescale.checked_transform(c.model, family, generator, *FACTORS["invariance"], c.inputs, FUNCTION_RTOL,
+                                     c.name)[0]
 
 
 def own_case(name: str, model: nn.Module, inputs: Tensor, targets: Tensor, num_classes: int,
@@ -227,23 +218,12 @@ Result = MeasureOutput | NotApplicable | BaseException
 def run_measure(spec: MeasureSpec, ctx: MeasureContext, settings: dict[str, Any] | None = None,
                 timeout_s: float | None = None) -> Result:
     """The measure on a context with its defaults updated by `settings`: its output, NotApplicable, or the
-    exception it raised. It runs as the measure stage runs it: under `isolation.guarded_call` (a change of
-    the model, the measurement set or the process is put back and returned as an `OutsideChange`, and the
-    context's cache dropped) and `isolation.time_limit(timeout_s)` (a `MeasureTimeout`)."""
+    exception it raised. It runs as the measure stage runs it (`evaluate.evaluate`: guarded, a change of the
+    model, the measurement set or the process put back and returned as an `OutsideChange`; limited to
+    `timeout_s`, a `MeasureTimeout`), and the contract judges the measure's own answer (a NaN, say)."""
     merged = {**spec.settings(), **{k: v for k, v in (settings or {}).items() if k in spec.defaults}}
-    sub = ctx.for_measure(spec.name, merged, loss_name="ce")
-
-    def call() -> MeasureOutput:
-        with time_limit(timeout_s, spec.name):
-            return as_output(spec.fn(sub), spec.base_name)
-
-    known = spec.origin == "builtin" and known_code(ctx.model)
-    out, exc, change = guarded_call(ctx.model, call, bitwise=not known, data=measurement_data(ctx))
-    if change or isinstance(exc, OutsideChange):
-        ctx.cache.clear()
-        return OutsideChange("; ".join(([f"changed the model ({change})"] if change else [])
-                                       + ([str(exc)] if isinstance(exc, OutsideChange) else [])))
-    return exc if exc is not None else out
+    record = evaluate(spec=spec, ctx=ctx, settings=merged, timeout_s=timeout_s)
+    return record.output if record.output is not None else record.exception
 
 
 def headline(out: Result, spec: MeasureSpec) -> float:
@@ -262,7 +242,20 @@ def stderr_of(out: MeasureOutput, name: str) -> float:
 
 
 def rel_change(v0: float, v1: float) -> float:
-    return abs(v1 - v0) / max(abs(v0), 1e-300)
+    """|v1 − v0| / |v0|, the one relative change of every invariance check (the contract and both audits):
+    relative for values of any size (no floor that would make a small value's change absolute), 0 between
+    two zeros and inf from 0 to anything else, NaN where either value is NaN (a failed evaluation)."""
+    if math.isnan(v0) or math.isnan(v1):
+        return math.nan
+    if v0 == 0:
+        return 0.0 if v1 == 0 else math.inf
+    return abs(v1 - v0) / abs(v0)
+
+
+def declares(spec: MeasureSpec, family: str) -> bool:
+    """Whether a measure declares invariance to `family`: the one rule of the contract and both audits; a
+    variant (a preset of its base's settings, e.g. a solver stopped early) declares none."""
+    return not spec.base and family in spec.invariant_to
 
 
 def within_declared(spec: MeasureSpec, before: MeasureOutput, after: MeasureOutput) -> tuple[bool, float, float]:
@@ -349,7 +342,7 @@ def check_measure(name: str, *, cases: tuple[str | Case, ...] | list[str | Case]
         for family in families:
             if family not in families_of(which):
                 continue
-            declared = family in spec.invariant_to and not spec.base
+            declared = declares(spec, family)
             model = transformed(cname, family) if isinstance(which, str) else transformed_case(which, family)
             after = run_measure(spec, context(which, model), settings, timeout_s)
             if isinstance(after, BaseException):

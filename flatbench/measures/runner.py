@@ -8,9 +8,9 @@ another measurement set (`context`), which would mix two definitions in one repo
 `force` recomputes everything. Failed entries are retried. A failing measure is recorded with its error
 and the others go on; a model that cannot be loaded at all gets its error in every pending entry.
 
-Each measure is isolated from the others (`isolation.guarded_call`): one that changes the model is an
-error entry and the model is put back; a value is a finite real number (`non_finite` otherwise); each
-entry has a time limit (`measure.timeout_s`).
+Each entry is one `evaluate.evaluate` (the measure isolated from the others: one that changes the model is
+an error entry and the model is put back; a value is a finite real number, `non_finite` otherwise; a time
+limit, `measure.timeout_s`).
 
 Each entry also records the measure's direction (`larger_is_sharper`), so that the analysis reads it from
 the files instead of the registry.
@@ -25,7 +25,6 @@ import copy
 import math
 import shutil
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,41 +33,25 @@ from typing import Any
 import torch
 
 from flatbench.config import MeasureConfig, RunConfig, run_config_from_dict
-from flatbench.curvature import hvp_log, hvp_mode_of, use_hvp_mode
+from flatbench.curvature import hvp_mode_of, use_hvp_mode
 from flatbench.data import load_dataset, measurement_subset
 from flatbench.errors import FlatbenchError, did_you_mean
-from flatbench.losses import BUILTIN_LOSSES, loss_source
+from flatbench.losses import loss_source
 from flatbench.measures.context import MeasureContext
-from flatbench.measures.isolation import MeasureTimeout, guarded_call, known_code, measurement_data, time_limit
-from flatbench.measures.process_state import OutsideChange, ProcessExitRefused
-from flatbench.measures.keys import entry_keys, value_key
-from flatbench.measures.registry import (
-    MeasureOutput,
-    MeasureOutputError,
-    MeasureSpec,
-    NotApplicable,
-    as_output,
-    get_measure,
-    load_plugins,
-)
+from flatbench.measures.evaluate import evaluate, plugin_record
+from flatbench.measures.keys import entry_keys
+from flatbench.measures.registry import MeasureSpec, get_measure, load_plugins
 from flatbench.measures.shared import prime_hessian_diagonals
 from flatbench.measures.targets import Target, as_target, model_hash, not_a_file, read_entries
 from flatbench.models import load_model
 from flatbench.locks import folder_lock
-from flatbench.store import atomic_write_json, is_finished, json_problem, load_run_info
+from flatbench.store import atomic_write_json, is_finished, load_run_info
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DONE = ("ok", "not_applicable")
 FAILED = ("error", "non_finite", "not_converged")
 """Entry statuses that count as failed (the stage exits with 1): `not_converged` is an iterative estimate
 that stopped at its cap before its tolerance (the reason gives the residual; more iterations fix it)."""
-
-
-def plugin_record(spec: MeasureSpec) -> dict[str, Any] | None:
-    """What a result records of a plugin measure's source (None for a built-in measure)."""
-    if spec.origin == "builtin":
-        return None
-    return {"source": spec.origin, "sha256": spec.origin_sha256}
 
 
 def _plugin_hash(record: Any) -> Any:
@@ -217,90 +200,13 @@ def build_context(target: Target | Path, cfg: MeasureConfig, device: torch.devic
 
 def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, Any],
                   loss: str | None, timeout_s: float | None = None) -> dict[str, Any]:
-    """Run one measure for one loss and turn its outcome into an entry: `ok` with finite values, or
-    `not_applicable`, `non_finite` (NaN or inf, with the key), `not_converged` (an iterative estimate stopped
-    at its cap: the residual in the reason, the estimate in `info.values`) or `error` with the reason: an exception of
-    any kind (SystemExit of a plugin included), a result that is not numbers, info that JSON cannot hold, a
-    time limit passed (`timeout_s`), or a change of the model (`isolation.guarded_call`: the model is put
-    back for the next measure and nothing computed on the changed model is kept). An entry whose measure made
-    Hessian-vector products records how in `info["hvp"]` (`curvature.HvpLog`: the mode used, the products,
-    the check of a torch.func mode and why it was replaced)."""
-    sub = ctx.for_measure(spec.name, settings, loss_name=loss or "ce")
-    record: dict[str, Any] = {"settings": {**settings, **({"loss": loss} if loss else {})},
-                              "larger_is_sharper": spec.larger_is_sharper}
-    if plugin_record(spec) is not None:
-        record["plugin"] = plugin_record(spec)
-    if loss_source(loss) is not None:
-        record["loss_source"] = loss_source(loss)  # an edited loss file makes the entry stale
-    start = time.perf_counter()
-
-    products = None
-
-    def call() -> Any:
-        nonlocal products
-        with time_limit(timeout_s, spec.name), hvp_log() as products:
-            return as_output(spec.fn(sub), spec.base_name)
-
-    known = spec.origin == "builtin" and _builtin_loss(sub) and known_code(ctx.model)
-    out, exc, change = guarded_call(ctx.model, call, bitwise=not known, data=measurement_data(ctx))
-    if change or isinstance(exc, OutsideChange):
-        ctx.cache.clear()  # anything cached during the measure may be of the changed model, data or process
-        record.update(status="error", error="; ".join(([f"changed the model ({change})"] if change else [])
-                                                      + ([str(exc)] if isinstance(exc, OutsideChange) else [])))
-    elif isinstance(exc, FlatbenchError):
-        raise exc
-    elif isinstance(exc, NotApplicable):
-        record.update(status="not_applicable", reason=str(exc))
-    elif exc is not None:
-        record.update(status="error", **_error_text(exc))
-    else:
-        record.update(_checked_output(spec, loss, out))
-        if products is not None and products.count and isinstance(record.get("info"), dict):
-            record["info"] = {**record["info"], "hvp": products.info()}  # how its curvature was computed
-        if loss is None and spec.fixed_loss and ctx.loss_name != spec.fixed_loss and "reason" not in record:
-            record["reason"] = (f"computed with {spec.fixed_loss}, the loss this measure is defined with; the "
-                                f"loss asked for ({ctx.loss_name}) is not used by it")
-    record["seconds"] = round(time.perf_counter() - start, 4)
-    return record
-
-
-def _builtin_loss(ctx: MeasureContext) -> bool:
-    """Whether the context's loss is one of flatbench's (a function of the caller's may hold the model), told
-    without loading it (a loss file is loaded inside the measure's guard, where its failure is the entry's)."""
-    loss = ctx.cache.get(("loss", ctx.loss_name, ctx.normalized_ce_tau))
-    return getattr(loss, "fn", None) is None if loss is not None else ctx.loss_name in BUILTIN_LOSSES
-
-
-def _error_text(exc: BaseException) -> dict[str, Any]:
-    """An error entry's message (and where the measure raised it, for an exception of its own code)."""
-    if isinstance(exc, (MeasureTimeout, ProcessExitRefused)):
-        return {"error": str(exc)}
-    if isinstance(exc, SystemExit):
-        return {"error": f"SystemExit({exc.code!r}): the measure tried to end the process"}
-    if isinstance(exc, MeasureOutputError):
-        return {"error": str(exc)}  # names the measure and what it returned; where it returned is no help
-    text: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        text["where"] = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
-    return text
-
-
-def _checked_output(spec: MeasureSpec, loss: str | None, out: MeasureOutput) -> dict[str, Any]:
-    """The fields of an entry with a measure's output: `ok`, or `non_finite` naming the first value that is
-    NaN or inf, or `error` when its info cannot be stored in JSON."""
-    values = {value_key(spec.name, spec.base_name, loss, key): value for key, value in out.values.items()}
-    bad = [(key, value) for key, value in values.items() if not math.isfinite(value)]
-    if bad:
-        return {"status": "non_finite", "reason": f"measure '{spec.name}' gave {bad[0][0]} = {bad[0][1]}"
-                + (f" (and {len(bad) - 1} more non-finite values)" if len(bad) > 1 else "")}
-    problem = json_problem(out.info)
-    if problem:
-        return {"status": "error", "error": f"measure '{spec.name}' returned info that JSON cannot hold ({problem})"}
-    if out.not_converged:  # the estimate is kept in info, not among the values the statistics read
-        return {"status": "not_converged", "reason": f"measure '{spec.name}' did not converge: {out.not_converged}",
-                "info": {**out.info, "values": values}}
-    return {"status": "ok", "values": values, "info": out.info}
+    """One measure for one loss as a measures.json entry: `evaluate.evaluate`'s record (guarded, limited to
+    `timeout_s`, HVPs logged) in its stored form. A FlatbenchError of the measure (the user's input, such as
+    a loss file that cannot be loaded) stops the caller with its one clear line."""
+    record = evaluate(ctx, spec, settings, loss, timeout_s)
+    if isinstance(record.exception, FlatbenchError):
+        raise record.exception
+    return record.entry()
 
 
 def up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],

@@ -1,7 +1,7 @@
 """Stale entries: a result of a plugin measure whose plugin source changed since it was computed, or a result
 computed with a loss file (`loss: file.py:function`) that changed since (`losses.loss_source`).
 
-Every entry of a plugin measure records its plugin's source and sha256 (`runner.plugin_record`). The measure
+Every entry of a plugin measure records its plugin's source and sha256 (`evaluate.plugin_record`). The measure
 stage recomputes an entry whose hash is not the loaded plugin's (`runner.up_to_date`); `flatbench status`
 counts such entries as `stale` (not measured), and the report leaves them out with a one-line warning, so an
 edited plugin never ranks results of its earlier version as if they were of the current one.

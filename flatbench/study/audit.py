@@ -23,7 +23,6 @@ pieces here (the measure config of a study, the entries to compute, the checked 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,11 @@ from flatbench.analysis.audit_tables import format_summary, summarize
 from flatbench.config import MeasureConfig
 from flatbench.curvature import hvp_mode_of, use_hvp_mode
 from flatbench.errors import Echo, FlatbenchError
-from flatbench.measures.keys import entry_keys, parse_key
+from flatbench.measures.keys import parse_key
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
-from flatbench.measures.runner import (build_context, check_settings, compute_entry, context_in, entry_dtype,
-                                      measurement_context)
-from flatbench.rescale import FAMILIES, applicable_families, function_change, transform
+from flatbench.measures.runner import build_context, check_settings, compute_entry, context_in, entry_dtype, plan_measures
+from flatbench.measures.contract import declares, rel_change
+from flatbench.rescale import FAMILIES, applicable_families, checked_transform
 from flatbench.seeding import make_generator
 from flatbench.store import (STUDY_FILE, atomic_write_bytes, atomic_write_text, is_finished, list_run_dirs,
                              run_dir)
@@ -51,8 +50,6 @@ AUDIT_PNG = "audit.png"
 
 FUNCTION_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
 """Largest relative change of the logits accepted as 'the same function' (per measurement dtype)."""
-
-
 
 # ---------------------------------------------------------------- shared pieces
 
@@ -72,8 +69,6 @@ def study_run_dirs(exp_dir: Path) -> list[Path]:
 def measure_config(exp_dir: Path, plugins: tuple[str, ...] = ()) -> Any:
     """The experiment's measure config (defaults when it has no saved study), with `plugins` added to its
     `measure.plugins` (and all of them loaded)."""
-
-
     study = saved_study(exp_dir)
     cfg = MeasureConfig() if study is None else study.measure
     if plugins:
@@ -102,18 +97,13 @@ class Entry:
 
 
 def plan_entries(names: list[str] | None, cfg: Any) -> list[Entry]:
-    """Measures (default: the study's) × configured losses, with their merged settings."""
+    """Measures (default: the study's) × configured losses, planned as the measure stage plans them
+    (`measures.runner.plan_measures`), as plain data that travels to a worker process."""
     chosen = resolve_names(names or list(cfg.measures))
     check_settings(chosen, cfg)
-    entries = []
-    for name in chosen:
-        spec = get_measure(name)
-        settings = spec.settings(cfg.settings)
-        dtype = entry_dtype(cfg.dtype, spec)
-        context = measurement_context(cfg, spec)
-        entries += [Entry(key, name, loss, settings, dtype, context)
-                    for loss, key in entry_keys(name, spec, cfg.losses)]
-    return entries
+    planned, dtype = plan_measures(chosen, cfg), cfg.dtype  # (the config is not handed to the comprehension)
+    return [Entry(key, m.spec.name, loss, m.settings, entry_dtype(dtype, m.spec), m.context)
+            for m in planned for loss, key in m.keys]
 
 
 def measure_entry(ctx: Any, entry: Entry) -> dict[str, Any]:
@@ -128,14 +118,6 @@ def headline(record: dict[str, Any], key: str) -> float:
     return float(record.get("values", {}).get(key, float("nan")))
 
 
-def rel_change(value: float, base: float) -> float:
-    if not (math.isfinite(value) and math.isfinite(base)):
-        return float("nan")
-    if base == 0:
-        return 0.0 if value == 0 else float("inf")
-    return abs(value - base) / abs(base)
-
-
 def parse_families(text: str | list[str] | tuple[str, ...]) -> list[str]:
     parts = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
     unknown = [p for p in parts if p not in FAMILIES]
@@ -147,26 +129,23 @@ def parse_families(text: str | list[str] | tuple[str, ...]) -> list[str]:
 
 def transform_checked(ctx: Any, family: str, generator: torch.Generator, max_factor: float,
                       where: str) -> tuple[Any, float]:
-    """A fresh context on a transformed copy of ctx.model, after checking the function is unchanged."""
-    model = transform(ctx.model, family, generator, 1.0 / max_factor, max_factor)
+    """A fresh context on a transformed copy of ctx.model, its function checked to be unchanged
+    (`rescale.checked_transform`, to `FUNCTION_TOL` of the measurement dtype)."""
+    tol = FUNCTION_TOL.get(ctx.dtype, 1e-3)
+    dtype = str(ctx.dtype).replace("torch.", "")
+    model, change = checked_transform(ctx.model, family, generator, 1.0 / max_factor, max_factor, ctx.inputs, tol,
+                                      where, ctx.chunk_size, f"the tolerance of {dtype}: measure in float64 or lower "
+                                      "--max-factor")
     for p in model.parameters():
         p.requires_grad_(True)
     use_hvp_mode(model, hvp_mode_of(ctx.model))
-    change = function_change(ctx.model, model, ctx.inputs, family, ctx.chunk_size)
-    tol = FUNCTION_TOL.get(ctx.dtype, 1e-3)
-    if not change <= tol:
-        dtype = str(ctx.dtype).replace("torch.", "")
-        raise FlatbenchError(f"{where}: the {family} transformation changed the logits by {change:.2e} "
-                             f"(relative, tolerance {tol:g} for {dtype}); refusing to compare measures of "
-                             "different functions (measure in float64 or lower --max-factor)")
     return replace(ctx, model=model, cache={}), change
 
 
 def declared_invariant(key: str, family: str) -> bool:
-    """Whether the measure behind a result key (or a measure name) declares invariance to `family`; a
-    variant (e.g. a solver stopped early) declares none."""
-    spec = get_measure(parse_key(key).measure)
-    return not spec.base and family in spec.invariant_to
+    """Whether the measure behind a result key (or a measure name) declares invariance to `family`
+    (`contract.declares`)."""
+    return declares(get_measure(parse_key(key).measure), family)
 
 
 # ---------------------------------------------------------------- run audit
@@ -213,7 +192,7 @@ def audit_run(run_path: Path, *, families: list[str] | str = "layer,node,bn,logi
                 record = measure_entry(sub, entry)
                 value, base = headline(record, entry.key), headline(baseline[entry.key], entry.key)
                 rows.append({"measure": entry.key, "family": family, "trial": trial, "value": value,
-                             "baseline": base, "rel_change": rel_change(value, base),
+                             "baseline": base, "rel_change": rel_change(base, value),
                              "declared_invariant": declared_invariant(entry.name, family),
                              "status": record["status"],
                              "function_change": change, "seconds": record["seconds"]})

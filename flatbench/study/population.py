@@ -6,8 +6,9 @@ reparametrization? (The run audit and the pieces both audits share are in `flatb
 experiment gets `--draws` random function-preserving transformations of one family for each factor range
 [1/F, F] (default: 3 draws for each of the mild range F = 2 and the harsh range F = 100), each seeded by
 run, family, range and draw (`population_generator`); the measures are recomputed on every transformed
-copy, and each measure's Kendall τ-b with the generalization gap (the study's `report.gap`) on the
-population of copy d of range F is set against the untransformed τ:
+copy, and each measure's Kendall τ-b with the generalization gap (the study's `report.gap`; the report's
+τ and permutation test, `analysis.stats.kendall_tests`) on the population of copy d of range F is set
+against the untransformed τ:
 Δτ = τ_transformed − τ_original, one value per draw, reported as a distribution (mean, min, max,
 largest |Δτ| and every draw's τ). The gap does not change, so a measure worth using keeps its
 correlation. Untransformed values come from the run's measures.json where present (they were computed with
@@ -27,15 +28,11 @@ an interrupted (or killed) audit goes on where it stopped (`fresh=True` / `--fre
 
 Written to the experiment folder (or `--out`):
 
-- `audit_population.csv`: one row per (run, measure, range, draw): `run_id, measure, family, max_factor,
-  draw, original, transformed, rel_change, gap, status, note, original_source, function_change, seconds,
-  signature`;
-- `audit_correlations.csv`: one row per (measure, range): `measure, family, max_factor, n_draws,
-  n_draws_ok, n, tau_original, p_original, tau_mean, delta_mean, delta_min, delta_max, delta_absmax,
-  p_transformed_max, tau_draw_0 .. tau_draw_{k-1}, median_rel_change, declared_invariant, status, note`;
-  `status` is `ok`, `partial` (some draws have no τ), `no_transformed` (no draw has one: the measure
-  failed or was constant on the copies) or `no_original` (no untransformed τ); a missing τ or Δτ is left
-  empty (NaN), never 0;
+- `audit_population.csv`: one row per (run, measure, range, draw) (`POPULATION_COLUMNS`);
+- `audit_correlations.csv`: one row per (measure, range) (`CORRELATION_COLUMNS`, then each draw's τ,
+  `median_rel_change, declared_invariant, status, note`); `status` is `ok`, `partial` (some draws have no
+  τ), `no_transformed` (no draw has one: the measure failed or was constant on the copies) or
+  `no_original` (no untransformed τ); a missing τ or Δτ is left empty (NaN), never 0;
 - `audit_draws.csv`: one row per (measure, range, draw) with its τ, Δτ and permutation p;
 - `audit_correlations.png` (`analysis.audit_plots`): per measure, τ_original and every draw's τ for each
   range.
@@ -57,7 +54,7 @@ import pandas as pd
 import torch
 
 from flatbench.analysis.audit_tables import format_correlations
-from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_batch, kendall_permutation_pvalues, usable
+from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_tests
 from flatbench.errors import Echo, FlatbenchError
 from flatbench.store import (MEASURES_JSON, atomic_write_bytes, atomic_write_text,
                              is_finished, read_json)
@@ -67,9 +64,9 @@ from flatbench.measures.runner import ContextPlan, load_context, plan_contexts, 
 from flatbench.rescale import applicable_families
 from flatbench.seeding import make_generator
 from flatbench.study.workers import run_jobs
+from flatbench.measures.contract import rel_change
 from flatbench.study.audit import (Entry, measure_entry, declared_invariant, headline, measure_config,
-                                   parse_families, plan_entries, rel_change, report_gap, study_run_dirs,
-                                   transform_checked)
+                                   parse_families, plan_entries, report_gap, study_run_dirs, transform_checked)
 
 POPULATION_CSV = "audit_population.csv"
 CORRELATIONS_CSV = "audit_correlations.csv"
@@ -174,102 +171,74 @@ def _note(record: dict[str, Any]) -> str:
     return "" if record.get("status") == "ok" else str(record.get("reason") or record.get("error") or "")
 
 
-def _taus(vectors: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[float, float, int]]:
-    """(τ, permutation p, n) of each (measure values, gap) pair over the runs where both are finite; the
-    pairs with the same runs are tested in one pass (the same permutations, as in the report)."""
-    out: list[tuple[float, float, int]] = [(float("nan"), float("nan"), 0)] * len(vectors)
-    groups: dict[bytes, list[int]] = {}
-    for i, (x, y) in enumerate(vectors):
-        ok = np.isfinite(x) & np.isfinite(y)
-        out[i] = (float("nan"), float("nan"), int(ok.sum()))
-        if usable(x[ok], y[ok]):
-            groups.setdefault(ok.tobytes(), []).append(i)
-    for members in groups.values():
-        ok = np.isfinite(vectors[members[0]][0]) & np.isfinite(vectors[members[0]][1])
-        xs = np.stack([vectors[i][0][ok] for i in members])
-        y = vectors[members[0]][1][ok]
-        taus = kendall_batch(xs, np.broadcast_to(y, xs.shape))
-        ps = kendall_permutation_pvalues(xs, y)
-        for i, tau, p in zip(members, taus, ps):
-            out[i] = (float(tau), float(p), int(ok.sum()))
-    return out
+CORRELATION_COLUMNS = ["measure", "family", "max_factor", "n_draws", "n_draws_ok", "n", "tau_original", "p_original",
+                       "tau_mean", "delta_mean", "delta_min", "delta_max", "delta_absmax", "p_transformed_max"]
+DRAW_COLUMNS = ["measure", "family", "max_factor", "draw", "n", "tau_original", "tau_transformed", "delta",
+                "p_transformed", "declared_invariant"]
 
 
 def population_correlations(per_run: pd.DataFrame, entries: list[Entry], family: str,
                             max_factors: tuple[float, ...], draws: int,
                             larger_is_sharper: Callable[[str], bool]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From the per-run rows: one row per (measure, range) with the distribution of Δτ over the draws
-    (audit_correlations.csv), and one row per (measure, range, draw) (audit_draws.csv)."""
-    vectors: list[tuple[np.ndarray, np.ndarray]] = []
-    index: dict[tuple[str, float | None, int | None], int] = {}
+    (audit_correlations.csv), and one row per (measure, range, draw) (audit_draws.csv). Every τ and p is
+    the report's (`analysis.stats.kendall_tests`), all asked for in one call so that the copies over the
+    same runs are tested together."""
+    pairs = []  # per entry: the untransformed (values, gap), then each range's draws in order
     for entry in entries:
         part = per_run[per_run["measure"] == entry.key]
         sign = 1.0 if larger_is_sharper(entry.name) else -1.0
         first = part.drop_duplicates("run_id")
-        index[(entry.key, None, None)] = len(vectors)
-        vectors.append((first["original"].to_numpy(dtype=float) * sign, first["gap"].to_numpy(dtype=float)))
+        pairs.append((first["original"].to_numpy(dtype=float) * sign, first["gap"].to_numpy(dtype=float)))
         for factor in max_factors:
             for draw in range(draws):
                 sel = part[(part["max_factor"].astype(float) == factor) & (part["draw"].astype(int) == draw)]
-                index[(entry.key, factor, draw)] = len(vectors)
-                vectors.append((sel["transformed"].to_numpy(dtype=float) * sign,
-                                sel["gap"].to_numpy(dtype=float)))
-    results = _taus(vectors)
+                pairs.append((sel["transformed"].to_numpy(dtype=float) * sign, sel["gap"].to_numpy(dtype=float)))
+    tests = iter(kendall_tests(pairs))
     rows, draw_rows = [], []
     for entry in entries:
         part = per_run[per_run["measure"] == entry.key]
-        tau0, p0, n0 = results[index[(entry.key, None, None)]]
+        tau0, p0, n0 = next(tests)
         declared = declared_invariant(entry.name, family)
         for factor in max_factors:
-            in_range = part[part["max_factor"].astype(float) == factor]
-            taus, ps, ns = [], [], []
-            for draw in range(draws):
-                tau, p, n = results[index[(entry.key, factor, draw)]]
-                taus.append(tau)
-                ps.append(p)
-                ns.append(n)
-                draw_rows.append({"measure": entry.key, "family": family, "max_factor": factor, "draw": draw,
-                                  "n": n, "tau_original": tau0, "tau_transformed": tau,
-                                  "delta": tau - tau0 if math.isfinite(tau) and math.isfinite(tau0)
-                                  else float("nan"), "p_transformed": p, "declared_invariant": declared})
-            deltas = np.array([t - tau0 for t in taus if math.isfinite(t)]) if math.isfinite(tau0) \
-                else np.array([])
-            ok_taus = [t for t in taus if math.isfinite(t)]
-            if not math.isfinite(tau0):
-                status = "no_original"
-            elif not ok_taus:
-                status = "no_transformed"
-            elif len(ok_taus) < draws:
-                status = "partial"
-            else:
-                status = "ok"
-            failed = in_range[in_range["status"] != "ok"]
-            note = ""
-            if len(failed):
-                counts = failed["status"].value_counts()
-                note = "; ".join(f"{k} on {v} of {len(in_range)} copies" for k, v in counts.items())
-            rel = in_range["rel_change"].to_numpy(dtype=float)
-            row: dict[str, Any] = {
-                "measure": entry.key, "family": family, "max_factor": factor, "n_draws": draws,
-                "n_draws_ok": len(ok_taus), "n": min([n0] + ns), "tau_original": tau0, "p_original": p0,
-                "tau_mean": float(np.mean(ok_taus)) if ok_taus else float("nan"),
-                "delta_mean": float(deltas.mean()) if deltas.size else float("nan"),
-                "delta_min": float(deltas.min()) if deltas.size else float("nan"),
-                "delta_max": float(deltas.max()) if deltas.size else float("nan"),
-                "delta_absmax": float(np.abs(deltas).max()) if deltas.size else float("nan"),
-                "p_transformed_max": float(np.nanmax(ps)) if any(math.isfinite(p) for p in ps)
-                else float("nan"),
-                **{f"tau_draw_{d}": taus[d] for d in range(draws)},
-                "median_rel_change": float(np.nanmedian(rel)) if np.isfinite(rel).any() else float("nan"),
-                "declared_invariant": declared, "status": status, "note": note}
-            rows.append(row)
-    columns = ["measure", "family", "max_factor", "n_draws", "n_draws_ok", "n", "tau_original", "p_original",
-               "tau_mean", "delta_mean", "delta_min", "delta_max", "delta_absmax", "p_transformed_max",
-               *[f"tau_draw_{d}" for d in range(draws)], "median_rel_change", "declared_invariant", "status",
-               "note"]
-    return pd.DataFrame(rows, columns=columns), pd.DataFrame(draw_rows, columns=[
-        "measure", "family", "max_factor", "draw", "n", "tau_original", "tau_transformed", "delta",
-        "p_transformed", "declared_invariant"])
+            in_range, got = part[part["max_factor"].astype(float) == factor], [next(tests) for _ in range(draws)]
+            taus = [tau for tau, _, _ in got]
+            delta = [tau - tau0 if math.isfinite(tau) and math.isfinite(tau0) else math.nan for tau in taus]
+            draw_rows += [dict(zip(DRAW_COLUMNS, (entry.key, family, factor, d, n, tau0, tau, delta[d], p, declared)))
+                          for d, (tau, p, n) in enumerate(got)]
+            row = dict(zip(CORRELATION_COLUMNS, (entry.key, family, factor, draws, 0, min([n0] + [n for *_, n in got]),
+                                                 tau0, p0)))
+            rows.append({**row, **_draw_summary(taus, [p for _, p, _ in got], delta, tau0), "median_rel_change":
+                         _median(in_range["rel_change"].to_numpy(dtype=float)), "declared_invariant": declared,
+                         **_copy_status(in_range)})
+    columns = [*CORRELATION_COLUMNS, *[f"tau_draw_{d}" for d in range(draws)], "median_rel_change",
+               "declared_invariant", "status", "note"]
+    return pd.DataFrame(rows, columns=columns), pd.DataFrame(draw_rows, columns=DRAW_COLUMNS)
+
+
+def _median(values: np.ndarray) -> float:
+    return float(np.nanmedian(values)) if np.isfinite(values).any() else math.nan
+
+
+def _draw_summary(taus: list[float], ps: list[float], delta: list[float], tau0: float) -> dict[str, Any]:
+    """A (measure, range) row's τ and Δτ over the draws: a missing τ or Δτ is NaN, never 0; `status` ok,
+    partial (some draws have no τ), no_transformed (none has) or no_original (no untransformed τ)."""
+    ok, deltas = [t for t in taus if math.isfinite(t)], np.array([d for d in delta if math.isfinite(d)])
+    status = "no_original" if not math.isfinite(tau0) else "no_transformed" if not ok else \
+        "partial" if len(ok) < len(taus) else "ok"
+    spread = {f"delta_{k}": float(f(deltas)) if deltas.size else math.nan
+              for k, f in (("mean", np.mean), ("min", np.min), ("max", np.max))}
+    return {"n_draws_ok": len(ok), "tau_mean": float(np.mean(ok)) if ok else math.nan, **spread,
+            "delta_absmax": float(np.abs(deltas).max()) if deltas.size else math.nan,
+            "p_transformed_max": float(np.nanmax(ps)) if any(math.isfinite(p) for p in ps) else math.nan,
+            **{f"tau_draw_{d}": tau for d, tau in enumerate(taus)}, "status": status}
+
+
+def _copy_status(in_range: pd.DataFrame) -> dict[str, str]:
+    """The note of a (measure, range) row: how many copies failed, by status."""
+    failed = in_range[in_range["status"] != "ok"]
+    counts = failed["status"].value_counts() if len(failed) else {}
+    return {"note": "; ".join(f"{k} on {v} of {len(in_range)} copies" for k, v in dict(counts).items())}
 
 
 def audit_population(exp_dir: Path, *, family: str = "node", measures: list[str] | None = None,
@@ -441,12 +410,15 @@ def _write_outputs(out: Path, per_run: pd.DataFrame, entries: list[Entry], fam: 
     return corr
 
 
-def _stored_applies(record: dict[str, Any], entry: Entry, info: dict[str, Any]) -> bool:
-    """Whether a measures.json entry is the untransformed value of `entry` as the audit computes it: the same
-    settings (e.g. a Monte-Carlo `rtol` set in the study after it was measured is not), measurement context
-    and model file (`measures.runner.up_to_date`, the measure stage's own test); else it is computed again."""
-    spec = get_measure(entry.name)
-    return up_to_date(record, spec, entry.settings, entry.context, info.get("model_sha256"))
+def _stored_original(stored: dict[str, Any], entry: Entry, info: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's measures.json entry of `entry` where it is the untransformed value the audit would compute:
+    an ok value of the same settings (e.g. not before a Monte-Carlo `rtol` was set in the study),
+    measurement context and model file (`measures.runner.up_to_date`, the measure stage's own rule)."""
+    record = stored.get(entry.key)
+    if isinstance(record, dict) and record.get("status") == "ok" and entry.key in record.get("values", {}) \
+            and up_to_date(record, get_measure(entry.name), entry.settings, entry.context, info.get("model_sha256")):
+        return record
+    return None
 
 
 def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors: tuple[float, ...], draws: int,
@@ -466,12 +438,8 @@ def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors
     gap_value = float(info.get(gap_col, float("nan")))
     originals: dict[str, tuple[dict[str, Any], str]] = {}
     for entry in entries:
-        original = stored.get(entry.key)
-        if isinstance(original, dict) and original.get("status") == "ok" \
-                and entry.key in original.get("values", {}) and _stored_applies(original, entry, info):
-            originals[entry.key] = (original, "measures.json")
-        else:
-            originals[entry.key] = (measure_entry(ctx, entry), "computed")
+        original = _stored_original(stored, entry, info)
+        originals[entry.key] = (original, "measures.json") if original else (measure_entry(ctx, entry), "computed")
     rows = []
     for factor in factors:
         for draw in range(draws):
@@ -488,7 +456,7 @@ def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors
                 v1 = headline(record, entry.key)
                 rows.append({"run_id": run_path.name, "measure": entry.key, "family": fam,
                              "max_factor": factor, "draw": draw, "original": v0, "transformed": v1,
-                             "rel_change": rel_change(v1, v0),
+                             "rel_change": rel_change(v0, v1),
                              "gap": gap_value, "status": record["status"], "note": _note(record),
                              "original_source": source, "function_change": change,
                              "seconds": record.get("seconds", 0.0), "signature": signature})

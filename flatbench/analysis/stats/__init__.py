@@ -44,6 +44,7 @@ from flatbench.analysis.stats.core import (
     directions,
     exclusion_reasons,
     gap_column,
+    kendall_tests,
     oriented,
     usable,
 )

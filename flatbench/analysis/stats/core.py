@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -372,33 +372,50 @@ def _compare_with_best(corr: pd.DataFrame, included: pd.DataFrame, gcol: str, fl
     return comparisons
 
 
-def _permutation_pvalues(data: Mapping[str, np.ndarray], measures: list[str], gap_values: np.ndarray,
-                         n_perm: int, seed: int, draws: np.ndarray | None = None) -> dict[str, tuple[float, str]]:
-    """(kendall_p, its method) for every measure; measures with values on the same runs are tested in
-    one pass. With `draws`, the test of the stratified τ (permutations within draws)."""
-    groups: dict[bytes, list[tuple[str, np.ndarray]]] = {}
-    masks: dict[bytes, np.ndarray] = {}
-    for key in measures:
-        raw = data[key]
-        ok = np.isfinite(raw) & np.isfinite(gap_values)
-        values = raw[ok]
-        if not usable(values, gap_values[ok]):
-            continue
-        groups.setdefault(ok.tobytes(), []).append((key, values))
-        masks[ok.tobytes()] = ok
-    out: dict[str, tuple[float, str]] = {}
-    for mask_key, members in groups.items():
-        x = np.stack([v for _, v in members])
-        g = gap_values[masks[mask_key]]
-        strata = draws[masks[mask_key]] if draws is not None else None
-        p = kendall_permutation_pvalues(x, g, n_perm=n_perm, seed=seed, strata=strata)
-        for (key, values), pi in zip(members, p):
-            method = permutation_method(values, g, n_perm, strata)
-            within = " within draws" if strata is not None and len(np.unique(strata)) > 1 else ""
-            out[key] = (float(pi), f"monte carlo ({n_perm} permutations{within})" if method == "monte carlo"
-                        else "exact (scipy, no ties)" if method == "exact" else "enumerated (all n! orders)")
+def kendall_tests(pairs: Sequence[tuple[np.ndarray, np.ndarray]], n_perm: int = N_PERM, seed: int = 0,
+                  strata: np.ndarray | None = None, pvalues: bool = True) -> list[tuple[float, float, int]]:
+    """(τ-b, permutation p, n) of each (measure values, gap) pair over the runs where both are finite: the
+    package's one τ with the gap, which the report and the audits' Δτ (τ after a rescaling − τ before)
+    both read. τ and p are NaN where τ is undefined (`usable`), p also without `pvalues`. Pairs over the
+    same runs (one finite mask, the gap of the first such pair) are tested in one pass with the same
+    permutations, so each p is the one the pair gets alone. `strata`: the data draws, aligned with the gap,
+    for the test of the stratified τ (`kernels.kendall_permutation_pvalues`)."""
+    out: list[tuple[float, float, int]] = []
+    groups: dict[bytes, list[int]] = {}
+    for i, (x, y) in enumerate(pairs):
+        ok = np.isfinite(x) & np.isfinite(y)
+        out.append((math.nan, math.nan, int(ok.sum())))
+        if usable(x[ok], y[ok]):
+            groups.setdefault(ok.tobytes(), []).append(i)
+    for members in groups.values():
+        ok = np.isfinite(pairs[members[0]][0]) & np.isfinite(pairs[members[0]][1])
+        xs = np.stack([pairs[i][0][ok] for i in members])
+        y = pairs[members[0]][1][ok]
+        taus = kendall_batch(xs, np.broadcast_to(y, xs.shape))
+        ps = kendall_permutation_pvalues(xs, y, n_perm=n_perm, seed=seed,
+                                         strata=None if strata is None else strata[ok]) if pvalues \
+            else np.full(len(members), math.nan)
+        for i, tau, p in zip(members, taus, ps):
+            out[i] = (float(tau), float(p), int(ok.sum()))
     return out
 
+
+def _permutation_pvalues(data: Mapping[str, np.ndarray], measures: list[str], gap_values: np.ndarray,
+                         n_perm: int, seed: int, draws: np.ndarray | None = None) -> dict[str, tuple[float, str]]:
+    """(kendall_p, its method) for every measure where τ is defined (`kendall_tests`). With `draws`, the
+    test of the stratified τ (permutations within draws)."""
+    out: dict[str, tuple[float, str]] = {}
+    tests = kendall_tests([(data[key], gap_values) for key in measures], n_perm, seed, draws)
+    for key, (tau, p, _) in zip(measures, tests):
+        if not math.isfinite(tau):
+            continue
+        ok = np.isfinite(data[key]) & np.isfinite(gap_values)
+        strata = draws[ok] if draws is not None else None
+        method = permutation_method(data[key][ok], gap_values[ok], n_perm, strata)
+        within = " within draws" if strata is not None and len(np.unique(strata)) > 1 else ""
+        out[key] = (p, f"monte carlo ({n_perm} permutations{within})" if method == "monte carlo"
+                    else "exact (scipy, no ties)" if method == "exact" else "enumerated (all n! orders)")
+    return out
 
 
 def agreement_matrix(frame: pd.DataFrame, columns: list[str], min_pairs: int = MIN_RUNS) -> pd.DataFrame:
