@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from flatbench.analysis.report import write_report
 from flatbench.cli import cli
-from test_report import write_experiment
+from tests.analysis.test_report import write_experiment
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from test_report import write_experiment
+from tests.analysis.test_report import write_experiment
 
 
 def _with_real_ids(exp):
