@@ -96,17 +96,6 @@ class LogitLoss:
 
         return vmap(hessian(single))(logits, targets)
 
-    def logit_hessian_factors(self, logits: torch.Tensor, targets: torch.Tensor
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A signed factorization ∇²_f ℓ = Σ_c λ_c u_c u_cᵀ per row: (λ (n, C), U (n, C, C)), U[:, :, c] = u_c.
-
-        For `ce` this uses the eigendecomposition too: it is exact and keeps C factors per example.
-        """
-        hess = self.logit_hessian(logits, targets)
-        hess = 0.5 * (hess + hess.transpose(-1, -2))
-        evals, evecs = torch.linalg.eigh(hess)
-        return evals, evecs
-
 
 BUILTIN_LOSSES = ("ce", "normalized_ce", "mse")
 

@@ -326,8 +326,8 @@ def plant_source(bug: tuple[str, str, str, str, list[str]]) -> tuple[bool, str]:
             return False, f"NOT PLANTED: the line occurs {text.count(old)} times in {rel}"
         path.write_text(text.replace(old, new))
         env = {**os.environ, "PYTHONPATH": str(copy), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1"}
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore",
-                                 *tests], cwd=copy, env=env, capture_output=True, text=True)
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "-W",
+                                 "ignore", *tests], cwd=copy, env=env, capture_output=True, text=True)
         last = (result.stdout.strip().splitlines() or [""])[-1]
         return result.returncode in (1, 2) and "no tests ran" not in last, last
 
@@ -356,7 +356,7 @@ def round_21() -> int:
         env = {**os.environ, "PYTHONPATH": f"{plugins}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                "MPLBACKEND": "Agg"}
         path, *rest = tests.split(" ", 1)
-        args = [sys.executable, "-m", "pytest", "-q", "-p", name, path]
+        args = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", name, path]
         if rest:
             args += ["-k", rest[0].split("-k ", 1)[1].strip("'")]
         result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -95,7 +95,6 @@ from flatbench.analysis.stats.robust import (
     replicate_pairs,
     replicate_pvalue,
     replicate_sd,
-    seed_pairs,
     sign_errors,
 )
 from flatbench.analysis.stats.rows import SE_NOTE_RATIO

@@ -8,7 +8,7 @@ Kendall coefficient Ψ and the conditional-mutual-information score.
   block's pairs, as in Jiang et al.; pairs of runs at the same level (two initialization seeds of one
   draw) differ in no axis and are left out. A block without such a pair says nothing about axis i.
   Replicate fields (`seed`, `data.seed`) are never axes: ψ over them would ask whether the measure orders
-  two replicates of one configuration by their gap, the noise of the experiment (`robust.seed_pairs`).
+  two replicates of one configuration by their gap, the noise of the experiment (`robust.replicate_pairs`).
 * **Ψ** = the mean of ψ_i over the *training* axes whose ψ is defined (Jiang et al. average over
   training hyperparameters); **psi_data** = the mean over the data axes (`design.is_data_axis`). Each is
   NaN when none of its axes has a ψ.

@@ -216,12 +216,6 @@ def replicate_pairs(gap: np.ndarray, cells: np.ndarray) -> ReplicatePairs:
     return ReplicatePairs(i, j, np.sign(gap[i] - gap[j]))
 
 
-def seed_pairs(measure: np.ndarray, gap: np.ndarray, cells: np.ndarray) -> tuple[float, int]:
-    """(share of replicate pairs ordered like their gaps, number of such pairs); (NaN, 0) without any."""
-    pairs = replicate_pairs(gap, cells)
-    return float(pairs.shares(np.asarray(measure, dtype=float)[None, :])[0]), int(len(pairs.i))
-
-
 def _replicate_weights(pairs: ReplicatePairs, boot: TwoWay) -> tuple[np.ndarray, np.ndarray]:
     """The (n_boot, P) weights of the pairs and their sums, made once per bootstrap and pairs: they depend on
     neither the measure nor its values (the natural study: 18 measures × 1 s before). Kept in `boot.cache`
