@@ -42,7 +42,7 @@ from scipy.stats import norm
 
 from flatbench.analysis.stats.blocked import blocked_boot_tau, stratified_kendall
 from flatbench.analysis.stats.bootstrap import MIN_UNITS, TwoWay, two_way_bootstrap
-from flatbench.analysis.stats.kernels import bootstrap_pvalue, kendall_batch, tau_from_parts
+from flatbench.analysis.stats.kernels import bootstrap_pvalue, tau_from_parts
 
 MIN_RUNS = 3
 MIN_CI_RUNS = 10
@@ -92,7 +92,7 @@ class Resamples:
     computed once per (measure, subset) and shared by every comparison (the same weights for every measure
     on the same subset: they depend only on the subset's cells and draws, the number of resamples and the
     seed). τ is stratified by data draw (`blocked`: pairs of runs of one draw only); with one draw it is
-    τ-b over all pairs. `pooled_tau` is τ-b over all pairs whatever the draws."""
+    τ-b over all pairs."""
 
     def __init__(self, data: Mapping[str, np.ndarray], gap: np.ndarray, cells: np.ndarray, draws: np.ndarray,
                  n_boot: int, seed: int):
@@ -126,11 +126,6 @@ class Resamples:
             ok = usable(v, g)
             self._points[key] = float(stratified_kendall(v[None, :], g, self.draws[mask])[0]) if ok else math.nan
         return self._points[key]
-
-    def pooled_tau(self, m: str, mask: np.ndarray) -> float:
-        """τ-b over every pair of the runs in `mask`, across draws too (the second column of the report)."""
-        v, g = self.data[m][mask], self.gap[mask]
-        return float(kendall_batch(v[None, :], g[None, :])[0]) if usable(v, g) else math.nan
 
     def boot(self, m: str, mask: np.ndarray) -> np.ndarray:
         """τ* of measure m on the resamples of the runs in `mask`, over pairs of distinct copies
