@@ -68,6 +68,28 @@ def test_measure_exits_1_naming_runs_not_trained_also_in_workers_and_2_for_a_mis
     assert result.returncode == 1 and "3 run(s) not trained yet" in _last_error(result), result.stderr
 
 
+def test_only_a_finished_run_without_model_pt_is_damage_a_run_stopped_before_is_not_trained(exp):
+    """The rule itself (`store.missing_model`): a run.json that says the run finished, with no model.pt, is
+    damage (the model deleted or moved); a run stopped before it finished (interrupted, failed, running) has
+    no model.pt either, and that is a run not trained yet (exit 1), never damage. (A finished run without
+    model.pt is also refused when its model is loaded, which alone would hide a wrong rule from `measure`.)"""
+    from flatbench.store import missing_model
+
+    first, second, _ = _runs(exp)
+    info = json.loads((second / "run.json").read_text())
+    (second / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
+    (second / "model.pt").unlink()
+    assert missing_model(second) is None
+    result = in_process("measure", str(exp), "--device", "cpu", "--quiet", "--measures", "frobenius_norm")
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = _last_error(result)
+    assert "1 run(s) not trained yet" in line and second.name in line and "missing" not in line
+    (first / "model.pt").unlink()
+    assert "although the run finished" in (missing_model(first) or "")
+    finished = json.loads((first / "run.json").read_text())
+    assert "although the run finished" in (missing_model(first, finished) or "")
+
+
 def tmp_runs_removed(exp):
     """The study with no run trained (its folder and study.yaml there)."""
     for run in _runs(exp):
