@@ -231,12 +231,13 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
 
 
 def up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
-                model_sha256: str | None = None) -> bool:
-    """Whether a stored entry is the one these settings, this measurement context and this model give: an
-    entry of another model file (the run was trained again, e.g. on another machine) is recomputed."""
+                model_sha256: str | None = None, loss: str | None = None) -> bool:
+    """The one rule for whether a stored entry is current (the measure stage's `todo_entries`, the population
+    audit's untransformed values): computed with these settings and measurement context, on this model file (not
+    a retrained run's), with the plugin source and the loss `loss` (`same_loss`) as they are now."""
     if record.get("status") not in DONE or _plugin_hash(record.get("plugin")) != _plugin_hash(plugin_record(spec)):
         return False
-    if model_sha256 is not None and record.get("model_sha256") != model_sha256:
+    if model_sha256 is not None and record.get("model_sha256") != model_sha256 or not same_loss(record, loss):
         return False
     stored = {k: v for k, v in (record.get("settings") or {}).items() if k != "loss"}
     for key in spec.added_settings:  # stored before the setting existed: computed as its default computes
@@ -271,10 +272,9 @@ def plan_measures(names: list[str], cfg: MeasureConfig) -> tuple[PlannedMeasure,
 def todo_entries(results: dict[str, Any], measures: tuple[PlannedMeasure, ...], force: bool, sha: str | None
                  ) -> list[tuple[MeasureSpec, str | None, str]]:
     """The (spec, loss, key) entries of `measures` that `results` (a target's measures.json) lacks or holds
-    for other settings, another measurement set, another model file or another plugin source."""
+    for other settings, another measurement set, model file, plugin source or loss file (`up_to_date`)."""
     return [(m.spec, loss, key) for m in measures for loss, key in m.keys
-            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)
-            or not same_loss(results.get(key, {}), loss)]
+            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha, loss)]
 
 
 def same_loss(record: dict[str, Any], loss: str | None) -> bool:

@@ -23,7 +23,7 @@ is the run's random draws (`MeasureContext.draws`: the Monte-Carlo measures' noi
 run's seed and the parameters' shapes, not on their values): a copy reads the numbers it would draw alone
 instead of drawing them again (tests/study/test_audit.py checks every value against the copy measured alone).
 The finished runs are written to audit_population.csv as they finish (`SAVE_COST_RATIO` spaces the rewrites
-of a large file), at the end and when interrupted, and a later call with the same settings (measure config, family, model file) reuses them, so
+of a large file), at the end and when interrupted, and a later call with the same settings (measure config, plugin and loss files, family, model file) reuses them, so
 an interrupted (or killed) audit goes on where it stopped (`fresh=True` / `--fresh` recomputes everything).
 
 Written to the experiment folder (or `--out`):
@@ -56,6 +56,7 @@ import torch
 from flatbench.analysis.audit_tables import format_correlations
 from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_tests
 from flatbench.errors import Echo, FlatbenchError
+from flatbench.losses import loss_source
 from flatbench.store import atomic_write_bytes, atomic_write_text, is_finished
 from flatbench.analysis.audit_plots import audit_correlations_figure
 from flatbench.measures.registry import all_measures, get_measure, load_plugins
@@ -124,13 +125,15 @@ def _settings_signature(cfg: Any) -> dict[str, Any]:
     if cfg.plugins:  # an edited plugin makes its rows stale
         measure["plugin_sha256"] = sorted({str(s.origin_sha256) for s in all_measures().values()
                                            if s.origin != "builtin"})
+    if losses := [s["sha256"] for s in map(loss_source, cfg.losses) if s]:  # and so does an edited loss file
+        measure["loss_sha256"] = losses  # (`losses.loss_source`, what the measure stage's `up_to_date` compares)
     return measure
 
 
 def _signature(measure: dict[str, Any], family: str, model_sha256: Any) -> str:
     """What a run's audit rows depend on besides (measure, range, draw): the measure config
-    (`_settings_signature`), the family and the model file. Rows of an earlier audit are reused only when it
-    matches."""
+    (`_settings_signature`, with the sources of plugins and loss files), the family and the model file. Rows of an
+    earlier audit are reused only when it matches."""
     text = json.dumps({"measure": measure, "family": family, "model": model_sha256}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -405,11 +408,11 @@ def _write_outputs(out: Path, per_run: pd.DataFrame, entries: list[Entry], fam: 
 def _stored_original(stored: dict[str, Any], entry: Entry, info: dict[str, Any]) -> dict[str, Any] | None:
     """The run's measures.json entry of `entry` where it is the untransformed value the audit would compute:
     an ok value of the same settings (e.g. not before a Monte-Carlo `rtol` was set in the study),
-    measurement context and model file (`measures.runner.up_to_date`, the measure stage's own rule)."""
+    measurement context, model file and loss file (`measures.runner.up_to_date`, the measure stage's own rule)."""
     record = stored.get(entry.key, {})  # (measures.json's entries as read_entries reads them: dicts)
     ok = record.get("status") == "ok" and entry.key in record.get("values", {})
     return record if ok and up_to_date(record, get_measure(entry.name), entry.settings, entry.context,
-                                       info.get("model_sha256")) else None
+                                       info.get("model_sha256"), entry.loss) else None
 
 
 def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors: tuple[float, ...], draws: int,

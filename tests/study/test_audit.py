@@ -412,3 +412,35 @@ def test_population_csv_is_rewritten_as_runs_finish_but_spaced_when_it_is_large(
     a = pd.read_csv(tmp_path / "each" / "audit_population.csv").drop(columns="seconds")
     b = pd.read_csv(tmp_path / "spaced" / "audit_population.csv").drop(columns="seconds")
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_the_population_audit_keeps_a_stored_value_by_the_measure_stages_rule(tmp_path: Path) -> None:
+    """Issue 43, one rule for whether a stored entry is current (`measures.runner.up_to_date`, the measure
+    stage's): the population audit reads an untransformed value from measures.json only where the measure stage
+    would keep it, so not one computed with an earlier version of a loss file of one's own; and an edited loss
+    file changes the audit's row signature too (a built-in loss adds nothing: committed signatures stay)."""
+    import dataclasses
+
+    from flatbench.config import MeasureConfig
+    from flatbench.losses import loss_source
+    from flatbench.study import audit as audit_mod
+    from flatbench.study import population as population_mod
+
+    loss = tmp_path / "loss_a.py"
+    text = "import torch.nn.functional as F\nSCALE = {}\n\ndef scaled(logits, targets):\n" \
+           "    return SCALE * F.cross_entropy(logits, targets, reduction='none')\n"
+    loss.write_text(text.format(1.0))
+    cfg = MeasureConfig(measures=("hessian_trace",), losses=("ce", f"{loss}:scaled"))
+    entry = next(e for e in audit_mod.plan_entries(None, cfg) if e.loss not in (None, "ce"))
+    record = {"status": "ok", "values": {entry.key: 1.0}, "settings": entry.settings, "context": entry.context,
+              "model_sha256": "abc", "loss_source": loss_source(entry.loss)}
+
+    def signature(config):
+        return population_mod._signature(population_mod._settings_signature(config), "node", "abc")
+
+    before = signature(cfg)
+    assert "loss_sha256" not in population_mod._settings_signature(dataclasses.replace(cfg, losses=("ce",)))
+    assert population_mod._stored_original({entry.key: record}, entry, {"model_sha256": "abc"}) is record
+    loss.write_text(text.format(20.0))  # (another size: a new hash whatever the clock's resolution)
+    assert population_mod._stored_original({entry.key: record}, entry, {"model_sha256": "abc"}) is None
+    assert signature(cfg) != before
