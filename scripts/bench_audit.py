@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     import torch
 
-    from flatbench.measures.runner import build_context, plan_context
+    from flatbench.measures.runner import build_context, load_context, plan_context
     from flatbench.rescale import applicable_families
     from flatbench.store import MEASURES_JSON, is_finished, read_json
     from flatbench.study import audit as A
@@ -67,8 +67,8 @@ def main() -> None:
                     original = stored.get(entry.key)
                     if not original or original.get("status") != "ok" or entry.key not in original.get("values", {}):
                         A.measure_entry(ctx, entry)
-                sub, _ = A.transform_checked(ctx, args.family, P.population_generator(ctx.run_id, args.family,
-                                                                                      factor, draw), factor, "bench")
+                copy = P.population_rescaling(ctx.run_id, args.family, factor, draw)
+                sub = load_context(plan_context(run, cfg).rescaled(copy), ctx.device, ctx)
                 for entry in entries:
                     old_values[(entry.key, factor, draw)] = A.headline(A.measure_entry(sub, entry), entry.key)
         t_old = time.perf_counter() - t0

@@ -42,9 +42,11 @@ from flatbench.measures.evaluate import evaluate, plugin_record
 from flatbench.measures.keys import entry_keys
 from flatbench.measures.registry import MeasureSpec, get_measure, load_plugins
 from flatbench.measures.shared import prime_hessian_diagonals
-from flatbench.measures.targets import Target, as_target, model_hash, not_a_file, read_entries
+from flatbench.measures.targets import Rescaling, Target, as_target, model_hash, not_a_file, read_entries
 from flatbench.models import load_model
 from flatbench.locks import folder_lock
+from flatbench.rescale import checked_transform
+from flatbench.seeding import make_generator
 from flatbench.store import atomic_write_json, is_finished, load_run_info
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -52,6 +54,10 @@ DONE = ("ok", "not_applicable")
 FAILED = ("error", "non_finite", "not_converged")
 """Entry statuses that count as failed (the stage exits with 1): `not_converged` is an iterative estimate
 that stopped at its cap before its tolerance (the reason gives the residual; more iterations fix it)."""
+FUNCTION_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
+"""Largest relative change of the logits accepted as 'the same function' for a rescaled copy (per dtype)."""
+FUNCTION_CHANGE = ("function_change",)
+"""A rescaled copy's cache key of its logits' relative change (`rescale.function_change`), which the audits record."""
 
 
 def _plugin_hash(record: Any) -> Any:
@@ -118,6 +124,14 @@ def as_measured(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype) if t.is_floating_point() else t
 
 
+def _measurable(model: Any, hvp_mode: str) -> Any:
+    """`model` as every context holds it: gradients on (the measures differentiate it), its HVP mode set."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+    use_hvp_mode(model, hvp_mode)
+    return model
+
+
 def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
     """`ctx` in `dtype` (float64 | float32): ctx itself when it is in that dtype, else a twin of it (the
     same model converted, the same measurement set) made once per context and kept in its cache. The twin
@@ -127,10 +141,7 @@ def context_in(ctx: MeasureContext, dtype: str) -> MeasureContext:
         return ctx
     key = ("dtype_twin", dtype)
     if key not in ctx.cache:
-        model = copy.deepcopy(ctx.model).to(wanted).eval()
-        for p in model.parameters():
-            p.requires_grad_(True)
-        use_hvp_mode(model, hvp_mode_of(ctx.model))
+        model = _measurable(copy.deepcopy(ctx.model).to(wanted).eval(), hvp_mode_of(ctx.model))
         ctx.cache[key] = replace(ctx, model=model, inputs=as_measured(ctx.inputs, wanted),
                                  targets=as_measured(ctx.targets, wanted), cache={})
     return ctx.cache[key]
@@ -155,6 +166,10 @@ class ContextPlan:
         """The run's run.json as the plan read it."""
         return self.target.info or {}
 
+    def rescaled(self, rescaling: Rescaling | None) -> ContextPlan:
+        """The plan of a rescaled copy of this model (`Target.rescaling`)."""
+        return replace(self, target=replace(self.target, rescaling=rescaling))
+
 
 def plan_context(target: Target | Path, cfg: MeasureConfig) -> ContextPlan:
     """The plan of one model's context: its run.json read (once, unless the target carries it) and checked
@@ -174,16 +189,22 @@ def plan_contexts(targets: list[Target | Path], cfg: MeasureConfig) -> list[Cont
     return [plan_context(target, cfg) for target in targets]
 
 
-def load_context(plan: ContextPlan, device: torch.device) -> MeasureContext:
-    """Load a planned model (final or snapshot, its hash checked) and its measurement set."""
+def load_context(plan: ContextPlan, device: torch.device, base: MeasureContext | None = None) -> MeasureContext:
+    """Load a planned model (final or snapshot, its hash checked) and its measurement set. A rescaled copy
+    (`Target.rescaling`) is the model as trained, `base` when given (so a run's copies share one load and its
+    random draws), transformed in a fresh cache, its function checked (`rescale.checked_transform`, to
+    `FUNCTION_TOL`; the change is kept under `FUNCTION_CHANGE`): so nothing computed on one copy is reused."""
     target, run_cfg, dtype = plan.target, plan.run_cfg, DTYPES[plan.dtype]
+    if target.rescaling is not None:
+        base, r = base or load_context(plan.rescaled(None), device), target.rescaling
+        model, change = checked_transform(base.model, r.family, make_generator(*r.seed), 1 / r.max_factor,
+                                          r.max_factor, base.inputs, FUNCTION_TOL.get(base.dtype, 1e-3), target.label,
+                                          base.chunk_size, f"the tolerance of {str(base.dtype)[6:]}: measure in "
+                                          "float64 or lower --max-factor")
+        return replace(base, model=_measurable(model, hvp_mode_of(base.model)), cache={FUNCTION_CHANGE: change})
     model_file = None if target.level is None else target.model_file
     model = load_model(target.run_path, device=device, model_file=model_file, sha256=target.sha256, info=plan.info)
-    model = model.to(dtype).eval()
-    for p in model.parameters():
-        p.requires_grad_(True)
-    if plan.hvp_mode != "auto":
-        use_hvp_mode(model, plan.hvp_mode)
+    model = _measurable(model.to(dtype).eval(), plan.hvp_mode)
     ds = load_dataset(run_cfg.data, run_cfg.data_seed, device=device)
     x, y = measurement_subset(ds, plan.n_examples, run_cfg.seed)
     return MeasureContext(model=model, inputs=as_measured(x, dtype), targets=y, num_classes=ds.num_classes,
@@ -210,12 +231,13 @@ def compute_entry(ctx: MeasureContext, spec: MeasureSpec, settings: dict[str, An
 
 
 def up_to_date(record: dict[str, Any], spec: MeasureSpec, settings: dict[str, Any], context: dict[str, Any],
-                model_sha256: str | None = None) -> bool:
-    """Whether a stored entry is the one these settings, this measurement context and this model give: an
-    entry of another model file (the run was trained again, e.g. on another machine) is recomputed."""
+                model_sha256: str | None = None, loss: str | None = None) -> bool:
+    """The one rule for whether a stored entry is current (the measure stage's `todo_entries`, the population
+    audit's untransformed values): computed with these settings and measurement context, on this model file (not
+    a retrained run's), with the plugin source and the loss `loss` (`same_loss`) as they are now."""
     if record.get("status") not in DONE or _plugin_hash(record.get("plugin")) != _plugin_hash(plugin_record(spec)):
         return False
-    if model_sha256 is not None and record.get("model_sha256") != model_sha256:
+    if model_sha256 is not None and record.get("model_sha256") != model_sha256 or not same_loss(record, loss):
         return False
     stored = {k: v for k, v in (record.get("settings") or {}).items() if k != "loss"}
     for key in spec.added_settings:  # stored before the setting existed: computed as its default computes
@@ -250,10 +272,9 @@ def plan_measures(names: list[str], cfg: MeasureConfig) -> tuple[PlannedMeasure,
 def todo_entries(results: dict[str, Any], measures: tuple[PlannedMeasure, ...], force: bool, sha: str | None
                  ) -> list[tuple[MeasureSpec, str | None, str]]:
     """The (spec, loss, key) entries of `measures` that `results` (a target's measures.json) lacks or holds
-    for other settings, another measurement set, another model file or another plugin source."""
+    for other settings, another measurement set, model file, plugin source or loss file (`up_to_date`)."""
     return [(m.spec, loss, key) for m in measures for loss, key in m.keys
-            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha)
-            or not same_loss(results.get(key, {}), loss)]
+            if force or not up_to_date(results.get(key, {}), m.spec, m.settings, m.context, sha, loss)]
 
 
 def same_loss(record: dict[str, Any], loss: str | None) -> bool:

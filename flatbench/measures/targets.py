@@ -1,5 +1,6 @@
 """What the measure stage measures: a *target*, one trained model (a run's final model.pt or one of its
-snapshots, `train.snapshot_losses`), with its own measures.json; and what that file holds as read from disk.
+snapshots, `train.snapshot_losses`), with its own measures.json; or a rescaled copy of one (`Rescaling`, what the
+audits measure); and what measures.json holds as read from disk.
 
 Reading a target is kept apart from computing on it (`flatbench.measures.runner`): the stage's plan reads
 every run.json and measures.json once, here, and passes the targets down.
@@ -23,8 +24,20 @@ from flatbench.store import (
 
 
 @dataclass(frozen=True)
+class Rescaling:
+    """A function-preserving rescaling of a target's model (`rescale.transform`): family, factors log-uniform in
+    [1/F, F] drawn with `seeding.make_generator(*seed)` (run, family, range, draw: each copy reproducible on
+    its own), so that a rescaled copy is measured as any target is loaded (`runner.load_context`)."""
+
+    family: str
+    max_factor: float
+    draw: int
+    seed: tuple = ()
+
+
+@dataclass(frozen=True)
 class Target:
-    """One trained model to measure: a run's final model or one of its snapshots."""
+    """One trained model to measure: a run's final model or one of its snapshots, or a rescaled copy of one."""
 
     run_path: Path
     level: float | None = None
@@ -36,6 +49,8 @@ class Target:
     info: dict | None = field(default=None, compare=False, repr=False)
     """The run's run.json as the stage's plan read it (None: read it when needed), so that a stage reads
     each run.json once."""
+    rescaling: Rescaling | None = None
+    """A rescaled copy of the model (its values go to the audit's files, not to measures.json); None: as trained."""
 
     @property
     def where(self) -> Path:
@@ -51,7 +66,8 @@ class Target:
 
     @property
     def label(self) -> str:
-        return self.run_path.name + ("" if self.level is None else f"@loss{self.level:g}")
+        r, level = self.rescaling, "" if self.level is None else f"@loss{self.level:g}"
+        return self.run_path.name + level + (f" ({r.family}, F = {r.max_factor:g}, draw {r.draw})" if r else "")
 
 
 def measure_targets(run_path: Path, snapshots: bool = True, info: dict | None = None) -> list[Target]:
@@ -73,7 +89,6 @@ def measure_targets(run_path: Path, snapshots: bool = True, info: dict | None = 
 
 def as_target(target: Target | Path) -> Target:
     return target if isinstance(target, Target) else Target(Path(target))
-
 
 
 def not_a_file(path: Path) -> str | None:

@@ -18,7 +18,9 @@ reused). Written next to the run (or to `--out`):
 and the same table is printed. A family that does not apply to the model is reported and skipped.
 
 The population audit over a whole experiment is `flatbench.study.population`'s; both share the
-pieces here (the measure config of a study, the entries to compute, the checked transformation).
+pieces here (the measure config of a study, the entries to compute). Both measure their transformed copies
+as targets (`measures.targets.Rescaling`), loaded and checked where the measure stage loads its models
+(`measures.runner.load_context`).
 """
 
 from __future__ import annotations
@@ -33,23 +35,20 @@ import torch
 from flatbench.analysis import plots
 from flatbench.analysis.audit_tables import format_summary, summarize
 from flatbench.config import MeasureConfig
-from flatbench.curvature import hvp_mode_of, use_hvp_mode
 from flatbench.errors import Echo, FlatbenchError
 from flatbench.measures.keys import parse_key
 from flatbench.measures.registry import get_measure, load_plugins, resolve_names
-from flatbench.measures.runner import build_context, check_settings, compute_entry, context_in, entry_dtype, plan_measures
+from flatbench.measures.runner import (FUNCTION_CHANGE, check_settings, compute_entry, context_in, entry_dtype,
+                                       load_context, plan_context, plan_measures)
+from flatbench.measures.targets import Rescaling
 from flatbench.measures.contract import declares, rel_change
-from flatbench.rescale import FAMILIES, applicable_families, checked_transform
-from flatbench.seeding import make_generator
+from flatbench.rescale import FAMILIES, applicable_families
 from flatbench.store import (STUDY_FILE, atomic_write_bytes, atomic_write_text, is_finished, list_run_dirs,
                              run_dir)
 from flatbench.study.spec import read_saved_study
 
 AUDIT_CSV = "audit.csv"
 AUDIT_PNG = "audit.png"
-
-FUNCTION_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
-"""Largest relative change of the logits accepted as 'the same function' (per measurement dtype)."""
 
 # ---------------------------------------------------------------- shared pieces
 
@@ -127,21 +126,6 @@ def parse_families(text: str | list[str] | tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(parts))
 
 
-def transform_checked(ctx: Any, family: str, generator: torch.Generator, max_factor: float,
-                      where: str) -> tuple[Any, float]:
-    """A fresh context on a transformed copy of ctx.model, its function checked to be unchanged
-    (`rescale.checked_transform`, to `FUNCTION_TOL` of the measurement dtype)."""
-    tol = FUNCTION_TOL.get(ctx.dtype, 1e-3)
-    dtype = str(ctx.dtype).replace("torch.", "")
-    model, change = checked_transform(ctx.model, family, generator, 1.0 / max_factor, max_factor, ctx.inputs, tol,
-                                      where, ctx.chunk_size, f"the tolerance of {dtype}: measure in float64 or lower "
-                                      "--max-factor")
-    for p in model.parameters():
-        p.requires_grad_(True)
-    use_hvp_mode(model, hvp_mode_of(ctx.model))
-    return replace(ctx, model=model, cache={}), change
-
-
 def declared_invariant(key: str, family: str) -> bool:
     """Whether the measure behind a result key (or a measure name) declares invariance to `family`
     (`contract.declares`)."""
@@ -158,34 +142,30 @@ def audit_run(run_path: Path, *, families: list[str] | str = "layer,node,bn,logi
     plugins to load besides the study's `measure.plugins`."""
     run_path = Path(run_path)
     if not is_finished(run_path):
-        raise FlatbenchError(f"{run_path} is not a finished flatbench run "
-                             "(no finished run.json and model.pt)")
+        raise FlatbenchError(f"{run_path} is not a finished flatbench run (no finished run.json and model.pt)")
     if trials < 1:
         raise FlatbenchError(f"--trials must be at least 1, got {trials}")
     if not max_factor > 1:
         raise FlatbenchError(f"--max-factor must be larger than 1, got {max_factor}")
     fams = parse_families(families)
     cfg = measure_config(run_path.parent.parent, plugins)
-    entries = plan_entries(measures, cfg)
-    ctx = build_context(run_path, cfg, torch.device(device))
+    entries, plan = plan_entries(measures, cfg), plan_context(run_path, cfg)
+    ctx = load_context(plan, torch.device(device))
     verdict = applicable_families(ctx.model)
     echo(f"auditing {run_path.name}: {len(entries)} measure entries × {len(fams)} families × {trials} trials "
          f"(factors log-uniform in [1/{max_factor:g}, {max_factor:g}])")
-    baseline = {}
-    for entry in entries:
-        record = measure_entry(ctx, entry)
-        baseline[entry.key] = record
+    baseline = {entry.key: measure_entry(ctx, entry) for entry in entries}
+    for key, record in baseline.items():
         if record["status"] != "ok":
-            echo(f"  {entry.key}: {record['status']} ({record.get('reason') or record.get('error')})")
+            echo(f"  {key}: {record['status']} ({record.get('reason') or record.get('error')})")
     rows = []
     for family in fams:
         if verdict[family] is not True:
             echo(f"  {family}: not applicable to this model ({verdict[family]})")
             continue
         for trial in range(trials):
-            gen = make_generator("audit", ctx.run_id, family, trial)
-            where = f"{run_path.name} {family} trial {trial}"
-            sub, change = transform_checked(ctx, family, gen, max_factor, where)
+            rescaling = Rescaling(family, max_factor, trial, ("audit", ctx.run_id, family, trial))
+            sub = load_context(plan.rescaled(rescaling), ctx.device, base=ctx)
             for entry in entries:
                 if baseline[entry.key]["status"] != "ok":
                     continue
@@ -194,8 +174,8 @@ def audit_run(run_path: Path, *, families: list[str] | str = "layer,node,bn,logi
                 rows.append({"measure": entry.key, "family": family, "trial": trial, "value": value,
                              "baseline": base, "rel_change": rel_change(base, value),
                              "declared_invariant": declared_invariant(entry.name, family),
-                             "status": record["status"],
-                             "function_change": change, "seconds": record["seconds"]})
+                             "status": record["status"], "function_change": sub.cache[FUNCTION_CHANGE],
+                             "seconds": record["seconds"]})
     frame = pd.DataFrame(rows, columns=["measure", "family", "trial", "value", "baseline", "rel_change",
                                         "declared_invariant", "status", "function_change", "seconds"])
     out = Path(out_dir) if out_dir else run_path

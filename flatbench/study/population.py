@@ -5,7 +5,7 @@ reparametrization? (The run audit and the pieces both audits share are in `flatb
 [--max-factor 2 --max-factor 100]`): the papers' central claim made executable. Every finished run of the
 experiment gets `--draws` random function-preserving transformations of one family for each factor range
 [1/F, F] (default: 3 draws for each of the mild range F = 2 and the harsh range F = 100), each seeded by
-run, family, range and draw (`population_generator`); the measures are recomputed on every transformed
+run, family, range and draw (`population_rescaling`); the measures are recomputed on every transformed
 copy, and each measure's Kendall τ-b with the generalization gap (the study's `report.gap`; the report's
 τ and permutation test, `analysis.stats.kendall_tests`) on the population of copy d of range F is set
 against the untransformed τ:
@@ -16,14 +16,14 @@ the same settings), otherwise they are computed once. As in the report, a measur
 says `larger_is_sharper=False` is negated first, so a positive τ means "tracks the gap".
 
 All copies of a run are made in one pass: its context (model, data, measurement set) is built once, its
-untransformed values are read once, and each copy is a transformed deep copy with an empty cache (nothing
-computed on one copy is reused for another, so each value is the one the copy gets when measured alone).
-What the copies do share is the run's random draws (`MeasureContext.draws`: the Monte-Carlo measures'
-noise, which depends on the run's seed and the parameters' shapes, not on their values): a copy reads the
-numbers it would draw alone instead of drawing them again (tests/study/test_audit.py checks every value
-against the copy measured alone).
+untransformed values are read once, and each copy is a target (`population_rescaling`) loaded from that
+context as the measure stage loads its models (`measures.runner.load_context`: a checked transformed copy
+with an empty cache, so each value is the one the copy gets when measured alone). What the copies do share
+is the run's random draws (`MeasureContext.draws`: the Monte-Carlo measures' noise, which depends on the
+run's seed and the parameters' shapes, not on their values): a copy reads the numbers it would draw alone
+instead of drawing them again (tests/study/test_audit.py checks every value against the copy measured alone).
 The finished runs are written to audit_population.csv as they finish (`SAVE_COST_RATIO` spaces the rewrites
-of a large file), at the end and when interrupted, and a later call with the same settings (measure config, family, model file) reuses them, so
+of a large file), at the end and when interrupted, and a later call with the same settings (measure config, plugin and loss files, family, model file) reuses them, so
 an interrupted (or killed) audit goes on where it stopped (`fresh=True` / `--fresh` recomputes everything).
 
 Written to the experiment folder (or `--out`):
@@ -56,17 +56,17 @@ import torch
 from flatbench.analysis.audit_tables import format_correlations
 from flatbench.analysis.stats import MIN_RUNS, gap_column, kendall_tests
 from flatbench.errors import Echo, FlatbenchError
-from flatbench.store import (MEASURES_JSON, atomic_write_bytes, atomic_write_text,
-                             is_finished, read_json)
+from flatbench.losses import loss_source
+from flatbench.store import atomic_write_bytes, atomic_write_text, is_finished
 from flatbench.analysis.audit_plots import audit_correlations_figure
 from flatbench.measures.registry import all_measures, get_measure, load_plugins
-from flatbench.measures.runner import ContextPlan, load_context, plan_contexts, up_to_date
+from flatbench.measures.runner import FUNCTION_CHANGE, ContextPlan, load_context, plan_contexts, up_to_date
+from flatbench.measures.targets import Rescaling, read_entries
 from flatbench.rescale import applicable_families
-from flatbench.seeding import make_generator
 from flatbench.study.workers import run_jobs
 from flatbench.measures.contract import rel_change
 from flatbench.study.audit import (Entry, measure_entry, declared_invariant, headline, measure_config,
-                                   parse_families, plan_entries, report_gap, study_run_dirs, transform_checked)
+                                   parse_families, plan_entries, report_gap, study_run_dirs)
 
 POPULATION_CSV = "audit_population.csv"
 CORRELATIONS_CSV = "audit_correlations.csv"
@@ -88,10 +88,10 @@ POPULATION_COLUMNS = ["run_id", "measure", "family", "max_factor", "draw", "orig
                       "signature"]
 
 
-def population_generator(run_id: str, family: str, max_factor: float, draw: int) -> torch.Generator:
-    """The generator of one transformed copy of the population audit: seeded by run, family, factor range
-    and draw, so every copy is reproducible on its own."""
-    return make_generator("audit_population", run_id, family, f"{float(max_factor):g}", int(draw))
+def population_rescaling(run_id: str, family: str, max_factor: float, draw: int) -> Rescaling:
+    """Copy `draw` of range [1/F, F] of a run (a rescaled target): its factors seeded by run, family, range and
+    draw, so every copy is reproducible on its own."""
+    return Rescaling(family, max_factor, draw, ("audit_population", run_id, family, f"{float(max_factor):g}", draw))
 
 
 def parse_max_factors(values: Any) -> tuple[float, ...]:
@@ -125,13 +125,15 @@ def _settings_signature(cfg: Any) -> dict[str, Any]:
     if cfg.plugins:  # an edited plugin makes its rows stale
         measure["plugin_sha256"] = sorted({str(s.origin_sha256) for s in all_measures().values()
                                            if s.origin != "builtin"})
+    if losses := [s["sha256"] for s in map(loss_source, cfg.losses) if s]:  # and so does an edited loss file
+        measure["loss_sha256"] = losses  # (`losses.loss_source`, what the measure stage's `up_to_date` compares)
     return measure
 
 
 def _signature(measure: dict[str, Any], family: str, model_sha256: Any) -> str:
     """What a run's audit rows depend on besides (measure, range, draw): the measure config
-    (`_settings_signature`), the family and the model file. Rows of an earlier audit are reused only when it
-    matches."""
+    (`_settings_signature`, with the sources of plugins and loss files), the family and the model file. Rows of an
+    earlier audit are reused only when it matches."""
     text = json.dumps({"measure": measure, "family": family, "model": model_sha256}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -153,18 +155,11 @@ def _reusable(previous: pd.DataFrame | None, run_id: str, signature: str,
     if previous is None:
         return None
     part = previous[(previous["run_id"] == run_id) & (previous["signature"].astype(str) == signature)]
-    if part.empty:
+    keyed = {(str(r["measure"]), float(r["max_factor"]), int(r["draw"])): r for r in part.to_dict(orient="records")}
+    if part.empty or not plan <= set(keyed):
         return None
-    keyed = {(str(r["measure"]), float(r["max_factor"]), int(r["draw"])): r
-             for r in part.to_dict(orient="records")}
-    if not plan <= set(keyed):
-        return None
-    rows = []
-    for key in sorted(plan, key=lambda k: (k[1], k[2])):
-        row = dict(keyed[key])
-        row["note"] = "" if pd.isna(row.get("note")) else row["note"]
-        rows.append(row)
-    return rows
+    return [{**keyed[key], "note": "" if pd.isna(keyed[key].get("note")) else keyed[key]["note"]}
+            for key in sorted(plan, key=lambda k: (k[1], k[2]))]
 
 
 def _note(record: dict[str, Any]) -> str:
@@ -413,28 +408,23 @@ def _write_outputs(out: Path, per_run: pd.DataFrame, entries: list[Entry], fam: 
 def _stored_original(stored: dict[str, Any], entry: Entry, info: dict[str, Any]) -> dict[str, Any] | None:
     """The run's measures.json entry of `entry` where it is the untransformed value the audit would compute:
     an ok value of the same settings (e.g. not before a Monte-Carlo `rtol` was set in the study),
-    measurement context and model file (`measures.runner.up_to_date`, the measure stage's own rule)."""
-    record = stored.get(entry.key)
-    if isinstance(record, dict) and record.get("status") == "ok" and entry.key in record.get("values", {}) \
-            and up_to_date(record, get_measure(entry.name), entry.settings, entry.context, info.get("model_sha256")):
-        return record
-    return None
+    measurement context, model file and loss file (`measures.runner.up_to_date`, the measure stage's own rule)."""
+    record = stored.get(entry.key, {})  # (measures.json's entries as read_entries reads them: dicts)
+    ok = record.get("status") == "ok" and entry.key in record.get("values", {})
+    return record if ok and up_to_date(record, get_measure(entry.name), entry.settings, entry.context,
+                                       info.get("model_sha256"), entry.loss) else None
 
 
 def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors: tuple[float, ...], draws: int,
                    gap_col: str, signature: str, device: torch.device | str) -> list[dict[str, Any]]:
-    """Every (range, draw) copy of one run, in one pass: the context (model, data, measurement set) is
-    built once, the untransformed values are read (or computed) once, and each copy is a transformed deep
-    copy of the model in a context of its own (an empty cache: nothing computed on another copy is
-    reused, so every value is the one the copy gets when measured alone; the run's random draws, which do
-    not depend on the parameters' values, are shared)."""
+    """Every (range, draw) copy of one run, in one pass (the module's docstring says how): the run is loaded
+    once and its untransformed values read (or computed) once."""
     run_path, info = context.target.run_path, context.info
-    stored = read_json(run_path / MEASURES_JSON) if (run_path / MEASURES_JSON).is_file() else {}
+    stored, _ = read_entries(context.target)  # as the measure stage reads it
     ctx = load_context(context, torch.device(device))
     verdict = applicable_families(ctx.model)[fam]
     if verdict is not True:
-        raise FlatbenchError(f"{run_path.name}: the {fam} family does not apply ({verdict}); "
-                             "choose another --family")
+        raise FlatbenchError(f"{run_path.name}: the {fam} family does not apply ({verdict}); choose another --family")
     gap_value = float(info.get(gap_col, float("nan")))
     originals: dict[str, tuple[dict[str, Any], str]] = {}
     for entry in entries:
@@ -443,22 +433,15 @@ def _audit_one_run(context: ContextPlan, entries: list[Entry], fam: str, factors
     rows = []
     for factor in factors:
         for draw in range(draws):
-            sub, change = transform_checked(ctx, fam, population_generator(ctx.run_id, fam, factor, draw),
-                                            factor, f"{run_path.name} (F = {factor:g}, draw {draw})")
+            sub = load_context(context.rescaled(population_rescaling(ctx.run_id, fam, factor, draw)), ctx.device, ctx)
             for entry in entries:
-                original, source = originals[entry.key]
-                v0 = headline(original, entry.key)
-                if original.get("status") != "ok":
-                    record = {"status": "no_original", "reason": f"untransformed: {original.get('status')} "
-                              f"({_note(original)})", "seconds": 0.0}
-                else:
-                    record = measure_entry(sub, entry)
+                (original, source), v0 = originals[entry.key], headline(originals[entry.key][0], entry.key)
+                record = measure_entry(sub, entry) if original.get("status") == "ok" else {
+                    "status": "no_original", "reason": f"untransformed: {original.get('status')} ({_note(original)})"}
                 v1 = headline(record, entry.key)
-                rows.append({"run_id": run_path.name, "measure": entry.key, "family": fam,
-                             "max_factor": factor, "draw": draw, "original": v0, "transformed": v1,
-                             "rel_change": rel_change(v0, v1),
-                             "gap": gap_value, "status": record["status"], "note": _note(record),
-                             "original_source": source, "function_change": change,
-                             "seconds": record.get("seconds", 0.0), "signature": signature})
+                rows.append(dict(zip(POPULATION_COLUMNS, (
+                    run_path.name, entry.key, fam, factor, draw, v0, v1, rel_change(v0, v1), gap_value,
+                    record["status"], _note(record), source, sub.cache[FUNCTION_CHANGE], record.get("seconds", 0.0),
+                    signature))))
             del sub
     return rows

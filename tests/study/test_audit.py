@@ -136,7 +136,7 @@ def test_population_draws_are_seeded_distinct_and_in_range(experiment: Path, tmp
     a copy's value is the one it gets when measured alone; an undeclared measure moves under harsh draws
     and a declared-invariant one never moves."""
     import flatbench.rescale as rescale
-    from flatbench.measures.runner import build_context
+    from flatbench.measures.runner import load_context, plan_context
     from flatbench.study import audit as audit_mod
     from flatbench.study import population as population_mod
 
@@ -170,9 +170,8 @@ def test_population_draws_are_seeded_distinct_and_in_range(experiment: Path, tmp
         assert group["transformed"].nunique() == 3  # the draws differ
     # one copy measured alone (fresh context, its own generator) gives the same value, bit for bit
     run = min((experiment / "runs").iterdir())
-    ctx = build_context(run, audit_mod.measure_config(experiment), torch.device("cpu"))
-    sub, _ = audit_mod.transform_checked(ctx, "node", population_mod.population_generator(run.name, "node", 100.0, 1),
-                                         100.0, "alone")
+    copy = population_mod.population_rescaling(run.name, "node", 100.0, 1)  # a rescaled target, loaded on its own
+    sub = load_context(plan_context(run, audit_mod.measure_config(experiment)).rescaled(copy), torch.device("cpu"))
     entry = next(e for e in audit_mod.plan_entries(["frobenius_norm"], audit_mod.measure_config(experiment)))
     alone = audit_mod.measure_entry(sub, entry)["values"]["frobenius_norm"]
     row = fro[(fro["run_id"] == run.name) & (fro["max_factor"] == 100.0) & (fro["draw"] == 1)]
@@ -198,7 +197,7 @@ def test_population_copies_read_their_runs_draws_and_get_their_lone_values(exper
     them again: every transformed value (and status) is bitwise the one of the copy measured alone, in a fresh
     context of its own, and the PAC-Bayes noise is drawn once per run, not once per copy."""
     from flatbench.measures.builtin import pacbayes
-    from flatbench.measures.runner import build_context
+    from flatbench.measures.runner import load_context, plan_context
     from flatbench.study import audit as audit_mod
     from flatbench.study import population as population_mod
 
@@ -224,9 +223,8 @@ def test_population_copies_read_their_runs_draws_and_get_their_lone_values(exper
     for run in sorted((experiment / "runs").iterdir()):
         for factor in (2.0, 100.0):
             for draw in range(2):
-                ctx = build_context(run, cfg, torch.device("cpu"))  # a fresh context: no draws of its run
-                sub, _ = audit_mod.transform_checked(
-                    ctx, "node", population_mod.population_generator(run.name, "node", factor, draw), factor, "alone")
+                copy = population_mod.population_rescaling(run.name, "node", factor, draw)
+                sub = load_context(plan_context(run, cfg).rescaled(copy), torch.device("cpu"))  # fresh: no draws
                 for entry in entries:
                     alone = audit_mod.measure_entry(sub, entry)
                     row = ok[(ok["run_id"] == run.name) & (ok["measure"] == entry.key)
@@ -279,19 +277,20 @@ def test_population_missing_transformed_value_is_not_zero(experiment: Path, tmp_
     from flatbench.study import population as population_mod
 
     copies: set[int] = set()
-    real_transform, real_compute = population_mod.transform_checked, population_mod.measure_entry
+    real_load, real_compute = population_mod.load_context, population_mod.measure_entry
 
-    def transform(ctx, family, generator, max_factor, where):
-        sub, change = real_transform(ctx, family, generator, max_factor, where)
-        copies.add(id(sub.model))
-        return sub, change
+    def load(plan, device, base=None):
+        ctx = real_load(plan, device, base)
+        if plan.target.rescaling is not None:
+            copies.add(id(ctx.model))
+        return ctx
 
     def compute(ctx, entry):
         if id(ctx.model) in copies and entry.key == "path_norm":
             return {"status": "error", "error": "RuntimeError: boom", "seconds": 0.0}
         return real_compute(ctx, entry)
 
-    monkeypatch.setattr(population_mod, "transform_checked", transform)
+    monkeypatch.setattr(population_mod, "load_context", load)
     monkeypatch.setattr(population_mod, "measure_entry", compute)
     lines: list[str] = []
     corr = population_mod.audit_population(experiment, family="node", measures=["path_norm", "frobenius_norm"],
@@ -413,3 +412,35 @@ def test_population_csv_is_rewritten_as_runs_finish_but_spaced_when_it_is_large(
     a = pd.read_csv(tmp_path / "each" / "audit_population.csv").drop(columns="seconds")
     b = pd.read_csv(tmp_path / "spaced" / "audit_population.csv").drop(columns="seconds")
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_the_population_audit_keeps_a_stored_value_by_the_measure_stages_rule(tmp_path: Path) -> None:
+    """Issue 43, one rule for whether a stored entry is current (`measures.runner.up_to_date`, the measure
+    stage's): the population audit reads an untransformed value from measures.json only where the measure stage
+    would keep it, so not one computed with an earlier version of a loss file of one's own; and an edited loss
+    file changes the audit's row signature too (a built-in loss adds nothing: committed signatures stay)."""
+    import dataclasses
+
+    from flatbench.config import MeasureConfig
+    from flatbench.losses import loss_source
+    from flatbench.study import audit as audit_mod
+    from flatbench.study import population as population_mod
+
+    loss = tmp_path / "loss_a.py"
+    text = "import torch.nn.functional as F\nSCALE = {}\n\ndef scaled(logits, targets):\n" \
+           "    return SCALE * F.cross_entropy(logits, targets, reduction='none')\n"
+    loss.write_text(text.format(1.0))
+    cfg = MeasureConfig(measures=("hessian_trace",), losses=("ce", f"{loss}:scaled"))
+    entry = next(e for e in audit_mod.plan_entries(None, cfg) if e.loss not in (None, "ce"))
+    record = {"status": "ok", "values": {entry.key: 1.0}, "settings": entry.settings, "context": entry.context,
+              "model_sha256": "abc", "loss_source": loss_source(entry.loss)}
+
+    def signature(config):
+        return population_mod._signature(population_mod._settings_signature(config), "node", "abc")
+
+    before = signature(cfg)
+    assert "loss_sha256" not in population_mod._settings_signature(dataclasses.replace(cfg, losses=("ce",)))
+    assert population_mod._stored_original({entry.key: record}, entry, {"model_sha256": "abc"}) is record
+    loss.write_text(text.format(20.0))  # (another size: a new hash whatever the clock's resolution)
+    assert population_mod._stored_original({entry.key: record}, entry, {"model_sha256": "abc"}) is None
+    assert signature(cfg) != before
